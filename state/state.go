@@ -1,0 +1,404 @@
+// Package state owns the durable run rows, the intent records written
+// against them, the run's audit log, and the one atomic guard that decides
+// whether an effect may be dispatched.
+//
+// Every transition here is one atomic step of the store (a Lua script in
+// Redis, one transaction in the embedded store): a check is never a read
+// followed by a write. The package never dispatches an effect, never cuts a
+// connection and never decides policy (which destinations a cancelling run
+// may still reach, how long a lease lives): callers say so in each request.
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Status is the lifecycle of a run row.
+type Status string
+
+const (
+	// StatusActive admits new work.
+	StatusActive Status = "ACTIVE"
+	// StatusCancelling admits no new work; in-flight work drains until the deadline.
+	StatusCancelling Status = "CANCELLING"
+	// StatusCancelled is final: nothing is in flight or unresolved, nothing resumes.
+	StatusCancelled Status = "CANCELLED"
+	// StatusCompleted is final: the run finished normally.
+	StatusCompleted Status = "COMPLETED"
+	// StatusUnknown means some effect of a cancelled run cannot be proven
+	// either way; it becomes CANCELLED once every unknown intent is reconciled.
+	StatusUnknown Status = "UNKNOWN"
+)
+
+// Statuses lists every run status, in lifecycle order.
+var Statuses = []Status{StatusActive, StatusCancelling, StatusCancelled, StatusCompleted, StatusUnknown}
+
+// ParseStatus accepts a status name in any case.
+func ParseStatus(s string) (Status, error) {
+	for _, st := range Statuses {
+		if strings.EqualFold(string(st), s) {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("%w: unknown run status %q (want one of ACTIVE, CANCELLING, CANCELLED, COMPLETED, UNKNOWN)", ErrInvalid, s)
+}
+
+// IntentState is the lifecycle of one external effect.
+type IntentState string
+
+const (
+	// IntentInFlight was admitted by the guard and is leased to its carrier.
+	IntentInFlight IntentState = "IN_FLIGHT"
+	// IntentScheduled is a retry waiting for its time; a cancel revokes it.
+	IntentScheduled IntentState = "SCHEDULED"
+	// IntentResponded: the provider answered (status code recorded).
+	IntentResponded IntentState = "RESPONDED"
+	// IntentNotSent: provably never reached the provider.
+	IntentNotSent IntentState = "NOT_SENT"
+	// IntentUnknown: may or may not have happened.
+	IntentUnknown IntentState = "UNKNOWN"
+	// IntentCancelledBeforeDispatch: refused by the guard, never dispatched.
+	IntentCancelledBeforeDispatch IntentState = "CANCELLED_BEFORE_DISPATCH"
+	// IntentRevoked: a scheduled retry revoked by the cancel.
+	IntentRevoked IntentState = "REVOKED"
+	// IntentApplied: an UNKNOWN reconciled as having happened.
+	IntentApplied IntentState = "APPLIED"
+	// IntentNotApplied: an UNKNOWN reconciled as not having happened.
+	IntentNotApplied IntentState = "NOT_APPLIED"
+)
+
+// IntentStates lists every intent state.
+var IntentStates = []IntentState{
+	IntentInFlight, IntentScheduled, IntentResponded, IntentNotSent, IntentUnknown,
+	IntentCancelledBeforeDispatch, IntentRevoked, IntentApplied, IntentNotApplied,
+}
+
+// Boundary names where an effect is created.
+type Boundary string
+
+const (
+	BoundaryHTTP     Boundary = "http"     // tool dispatch through the egress proxy
+	BoundaryTunnel   Boundary = "tunnel"   // a pass-through CONNECT tunnel, one intent per tunnel
+	BoundaryClaim    Boundary = "claim"    // a queue claim
+	BoundaryRetry    Boundary = "retry"    // a scheduled retry
+	BoundaryBrowser  Boundary = "browser"  // a browser action over CDP
+	BoundaryDelivery Boundary = "delivery" // outbound delivery to a configured destination
+	BoundaryCustom   Boundary = "custom"   // any other effect reported through the intent API
+)
+
+// Boundaries lists every boundary.
+var Boundaries = []Boundary{BoundaryHTTP, BoundaryTunnel, BoundaryClaim, BoundaryRetry, BoundaryBrowser, BoundaryDelivery, BoundaryCustom}
+
+// Run is one durable run row.
+type Run struct {
+	ID            string    `json:"run_id"`
+	Status        Status    `json:"status"`
+	CancelVersion int64     `json:"cancel_version"`
+	Reason        string    `json:"reason,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	// CancelledAt is when the cancel committed; zero if never cancelled.
+	CancelledAt time.Time `json:"cancelled_at,omitzero"`
+	// DrainDeadline is when a CANCELLING run stops waiting for in-flight work.
+	DrainDeadline time.Time `json:"drain_deadline,omitzero"`
+	// Intents counts the run's intents by state; states with none are absent.
+	Intents map[IntentState]int `json:"intents"`
+}
+
+// Final reports whether the run can never change again.
+func (r Run) Final() bool { return r.Status == StatusCancelled || r.Status == StatusCompleted }
+
+// Intent is the record of one external effect.
+type Intent struct {
+	RunID      string      `json:"run_id"`
+	Key        string      `json:"key"`
+	Boundary   Boundary    `json:"boundary"`
+	State      IntentState `json:"state"`
+	Method     string      `json:"method,omitempty"`
+	Target     string      `json:"target,omitempty"`
+	BodyDigest string      `json:"body_digest,omitempty"`
+	StatusCode int         `json:"status_code,omitempty"`
+	// Attempts counts dispatches admitted under this key.
+	Attempts int `json:"attempts"`
+	// Refusals counts attempts the guard refused under an existing key.
+	Refusals int `json:"refusals,omitempty"`
+	// ObservedVersion is the cancel_version the last attempt carried (0: none).
+	ObservedVersion int64     `json:"observed_version,omitempty"`
+	Reason          string    `json:"reason,omitempty"`
+	Source          string    `json:"source,omitempty"`
+	Note            string    `json:"note,omitempty"`
+	LeaseOwner      string    `json:"lease_owner,omitempty"`
+	LeaseExpires    time.Time `json:"lease_expires,omitzero"`
+	NotBefore       time.Time `json:"not_before,omitzero"`
+	CreatedAt       time.Time `json:"created_at"`
+	UpdatedAt       time.Time `json:"updated_at"`
+}
+
+// Event is one line of a run's audit log.
+type Event struct {
+	At      time.Time `json:"at"`
+	RunID   string    `json:"run_id"`
+	Actor   string    `json:"actor"`
+	Kind    string    `json:"kind"`
+	Reason  string    `json:"reason,omitempty"`
+	From    string    `json:"from,omitempty"`
+	To      string    `json:"to,omitempty"`
+	Intent  string    `json:"intent,omitempty"`
+	Version int64     `json:"cancel_version,omitempty"`
+}
+
+// Event kinds.
+const (
+	EventRunAdmitted    = "run.admitted"
+	EventRunCancelled   = "run.cancel"     // the CAS to CANCELLING, or a tombstone
+	EventRunTransition  = "run.transition" // CANCELLING/UNKNOWN → CANCELLED/UNKNOWN
+	EventRunCompleted   = "run.completed"
+	EventIntentAdmitted = "intent.admitted" // guard admitted (IN_FLIGHT or SCHEDULED)
+	EventIntentRefused  = "intent.refused"  // guard refused
+	EventIntentOutcome  = "intent.outcome"  // carrier reported RESPONDED/NOT_SENT/UNKNOWN
+	EventIntentExpired  = "intent.lease_expired"
+	EventIntentRevoked  = "intent.revoked"
+	EventIntentResolved = "intent.resolved"
+)
+
+// Refusal reasons the guard returns.
+const (
+	RefusalRunNotActive   = "run_not_active"
+	RefusalStaleVersion   = "stale_version"
+	RefusalRunNotAdmitted = "run_not_admitted"       // no row and auto-admit off; nothing recorded
+	RefusalInProgress     = "intent_in_progress"     // explicit key still IN_FLIGHT, SCHEDULED or UNKNOWN
+	RefusalKeyReused      = "idempotency_key_reused" // explicit key with a different body digest
+)
+
+// AdmitRequest creates a run ACTIVE at version 1.
+type AdmitRequest struct {
+	RunID  string
+	Actor  string
+	Reason string
+}
+
+// CancelRequest is the CAS ACTIVE → CANCELLING.
+type CancelRequest struct {
+	RunID        string
+	Actor        string
+	Reason       string
+	DrainTimeout time.Duration
+}
+
+// CancelResult reports the row after a cancel and whether this call changed it.
+type CancelResult struct {
+	Run     Run
+	Changed bool
+}
+
+// CompleteRequest is the CAS ACTIVE → COMPLETED at the observed version.
+type CompleteRequest struct {
+	RunID   string
+	Version int64
+	Actor   string
+	Reason  string
+}
+
+// GuardRequest asks to dispatch one effect.
+type GuardRequest struct {
+	RunID string
+	// ObservedVersion is the cancel_version the caller saw; 0 checks ACTIVE alone.
+	ObservedVersion int64
+	// Key identifies the effect. With ExplicitKey it is the caller's
+	// idempotency key and replays follow the idempotency rules; without it,
+	// Key is a derived base and the store makes each dispatch its own record
+	// (the n-th identical request of a run is "<base>.n" for n > 1).
+	Key         string
+	ExplicitKey bool
+	Boundary    Boundary
+	Method      string
+	Target      string
+	BodyDigest  string
+	// AutoAdmit creates an unseen run ACTIVE at version 1 first.
+	AutoAdmit bool
+	// AllowCancelling admits the effect while the run is CANCELLING
+	// (delivery destinations); CANCELLED, COMPLETED and UNKNOWN still refuse.
+	AllowCancelling bool
+	// NotBefore, when set, schedules the effect (a retry) instead of
+	// dispatching it: the intent is SCHEDULED, not leased, and revoked by a cancel.
+	NotBefore time.Time
+	// LeaseOwner and LeaseTTL lease an IN_FLIGHT intent to its carrier.
+	LeaseOwner string
+	LeaseTTL   time.Duration
+	Actor      string
+}
+
+// GuardResult is the guard's decision. A refusal is a result, not an error.
+type GuardResult struct {
+	Admitted bool
+	// Refusal is one of the Refusal* reasons when not admitted.
+	Refusal string
+	Run     Run
+	// Intent is the record as written (or, for a duplicate refusal, as it stands).
+	Intent Intent
+}
+
+// FinishRequest reports what happened to an IN_FLIGHT intent.
+type FinishRequest struct {
+	RunID string
+	Key   string
+	// Attempt is the intent's attempt number the carrier dispatched; a
+	// report for an older attempt is refused.
+	Attempt int
+	// Outcome is RESPONDED, NOT_SENT or UNKNOWN.
+	Outcome    IntentState
+	StatusCode int
+	Reason     string
+	Actor      string
+}
+
+// ResolveRequest reconciles an UNKNOWN intent.
+type ResolveRequest struct {
+	RunID   string
+	Key     string
+	Applied bool
+	// Source is where the answer came from: operator, webhook, lookup.
+	Source string
+	Note   string
+	Actor  string
+}
+
+// IntentRef names one intent.
+type IntentRef struct {
+	RunID string
+	Key   string
+}
+
+// Store is the durable state. Both implementations pass the same
+// conformance suite (package statetest).
+type Store interface {
+	// Admit creates the run ACTIVE at version 1; for an ACTIVE run it is a
+	// no-op returning the row; for any other status it is a *Conflict
+	// (RefusalRunNotActive).
+	Admit(ctx context.Context, req AdmitRequest) (Run, error)
+	// Cancel moves ACTIVE → CANCELLING, bumps cancel_version, sets the drain
+	// deadline and revokes every SCHEDULED intent, in one step. An unseen run
+	// gets a CANCELLED tombstone at version 2. CANCELLING, CANCELLED and
+	// UNKNOWN runs are returned unchanged. A COMPLETED run is a *Conflict.
+	Cancel(ctx context.Context, req CancelRequest) (CancelResult, error)
+	// Complete moves ACTIVE → COMPLETED when Version is the row's version.
+	Complete(ctx context.Context, req CompleteRequest) (Run, error)
+	// Get returns the row, or ErrNotFound.
+	Get(ctx context.Context, runID string) (Run, error)
+	// List returns rows ordered by run id; status "" lists all.
+	List(ctx context.Context, status Status) ([]Run, error)
+	// LiveRuns lists ids of runs that are not final (ACTIVE, CANCELLING, UNKNOWN).
+	LiveRuns(ctx context.Context) ([]string, error)
+
+	// Guard is the one atomic check-and-record of an effect.
+	Guard(ctx context.Context, req GuardRequest) (GuardResult, error)
+	// Finish records the outcome of an IN_FLIGHT intent (or a late RESPONDED
+	// for one that a deadline turned UNKNOWN), then finalizes the run.
+	Finish(ctx context.Context, req FinishRequest) (Intent, error)
+	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
+	// finalizes the run.
+	Resolve(ctx context.Context, req ResolveRequest) (Intent, error)
+	// Renew extends the leases of IN_FLIGHT intents held by owner; intents
+	// no longer IN_FLIGHT or held by another owner are skipped.
+	Renew(ctx context.Context, owner string, ttl time.Duration, refs []IntentRef) error
+	// Tick turns IN_FLIGHT intents with expired leases UNKNOWN and moves a
+	// CANCELLING or UNKNOWN run on: CANCELLED when nothing is in flight or
+	// unknown; UNKNOWN when something is unknown, or when the drain deadline
+	// passed with work in flight (those intents become UNKNOWN, reason
+	// drain_timeout). Safe to run from any number of instances at once.
+	Tick(ctx context.Context, runID string, actor string) (Run, error)
+
+	// Intent returns one intent, or ErrNotFound.
+	Intent(ctx context.Context, runID, key string) (Intent, error)
+	// Intents returns the run's intents in creation order.
+	Intents(ctx context.Context, runID string) ([]Intent, error)
+	// Events returns the run's audit log in order.
+	Events(ctx context.Context, runID string) ([]Event, error)
+
+	// Cancels delivers the id of every run whose cancel commits, from any
+	// instance sharing the store, until ctx ends. Delivery is best effort:
+	// callers re-check rows periodically.
+	Cancels(ctx context.Context) (<-chan string, error)
+	// Ping reports whether the store answers.
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Errors. Store failures (unreachable, timeout) wrap ErrUnavailable.
+var (
+	ErrNotFound    = errors.New("not found")
+	ErrInvalid     = errors.New("invalid request")
+	ErrUnavailable = errors.New("store unavailable")
+)
+
+// Conflict is a transition refused by the row's current state.
+type Conflict struct {
+	// Code is a Refusal* reason or one of the Conflict* codes.
+	Code   string
+	Run    Run
+	Intent *Intent
+	Detail string
+}
+
+// Conflict codes besides the refusal reasons.
+const (
+	ConflictNotInFlight  = "intent_not_in_flight" // Finish on an intent that is not IN_FLIGHT
+	ConflictNotUnknown   = "intent_not_unknown"   // Resolve on an intent that is not UNKNOWN
+	ConflictStaleAttempt = "stale_attempt"        // Finish for an attempt that is not the latest
+)
+
+func (c *Conflict) Error() string {
+	msg := fmt.Sprintf("%s: run %s is %s at cancel_version %d", c.Code, c.Run.ID, c.Run.Status, c.Run.CancelVersion)
+	if c.Intent != nil {
+		msg += fmt.Sprintf(", intent %s is %s", c.Intent.Key, c.Intent.State)
+	}
+	if c.Detail != "" {
+		msg += ": " + c.Detail
+	}
+	return msg
+}
+
+// Limits on identifiers, so a key fits in any store and any header.
+const (
+	MaxRunIDLen  = 128
+	MaxKeyLen    = 256
+	MaxTextLen   = 1024 // reasons, notes, actors, sources
+	MaxTargetLen = 4096
+)
+
+// ValidateRunID rejects ids that cannot be stored or printed safely.
+func ValidateRunID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: run id is empty", ErrInvalid)
+	}
+	if len(id) > MaxRunIDLen {
+		return fmt.Errorf("%w: run id is %d bytes, longer than %d", ErrInvalid, len(id), MaxRunIDLen)
+	}
+	for _, c := range id {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':'
+		if !ok {
+			return fmt.Errorf("%w: run id %q has %q; use letters, digits and - _ . :", ErrInvalid, id, c)
+		}
+	}
+	return nil
+}
+
+// ValidateKey rejects intent keys that cannot be stored or printed safely.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: intent key is empty", ErrInvalid)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: intent key is %d bytes, longer than %d", ErrInvalid, len(key), MaxKeyLen)
+	}
+	for _, c := range key {
+		if c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: intent key %q has a byte outside printable ASCII", ErrInvalid, key)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Validation is shared by both stores so that bad input gets the same
+// answer whichever store is behind it.
+
+func validateText(field, s string) error {
+	if len(s) > MaxTextLen {
+		return fmt.Errorf("%w: %s is %d bytes, longer than %d", ErrInvalid, field, len(s), MaxTextLen)
+	}
+	return nil
+}
+
+// Validate checks an admission.
+func (r AdmitRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if err := validateText("actor", r.Actor); err != nil {
+		return err
+	}
+	return validateText("reason", r.Reason)
+}
+
+// Validate checks a cancel.
+func (r CancelRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if r.DrainTimeout < 0 {
+		return fmt.Errorf("%w: drain timeout %s is negative", ErrInvalid, r.DrainTimeout)
+	}
+	if r.DrainTimeout > 7*24*time.Hour {
+		return fmt.Errorf("%w: drain timeout %s is longer than 7 days", ErrInvalid, r.DrainTimeout)
+	}
+	if err := validateText("actor", r.Actor); err != nil {
+		return err
+	}
+	return validateText("reason", r.Reason)
+}
+
+// Validate checks a completion.
+func (r CompleteRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if r.Version < 1 {
+		return fmt.Errorf("%w: cancel_version %d: completing a run needs the version it observed (1 or more)", ErrInvalid, r.Version)
+	}
+	if err := validateText("actor", r.Actor); err != nil {
+		return err
+	}
+	return validateText("reason", r.Reason)
+}
+
+// Validate checks a guard request.
+func (r GuardRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if r.ObservedVersion < 0 {
+		return fmt.Errorf("%w: observed cancel_version %d is negative", ErrInvalid, r.ObservedVersion)
+	}
+	if !slices.Contains(Boundaries, r.Boundary) {
+		return fmt.Errorf("%w: unknown boundary %q", ErrInvalid, r.Boundary)
+	}
+	if len(r.Target) > MaxTargetLen {
+		return fmt.Errorf("%w: target is %d bytes, longer than %d", ErrInvalid, len(r.Target), MaxTargetLen)
+	}
+	if r.NotBefore.IsZero() && r.LeaseTTL <= 0 {
+		return fmt.Errorf("%w: an effect dispatched now needs a lease TTL", ErrInvalid)
+	}
+	for field, v := range map[string]string{"method": r.Method, "body digest": r.BodyDigest, "lease owner": r.LeaseOwner, "actor": r.Actor} {
+		if err := validateText(field, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks an outcome report.
+func (r FinishRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	switch r.Outcome {
+	case IntentResponded, IntentNotSent, IntentUnknown:
+	default:
+		return fmt.Errorf("%w: outcome %q: want RESPONDED, NOT_SENT or UNKNOWN", ErrInvalid, r.Outcome)
+	}
+	if r.Attempt < 1 {
+		return fmt.Errorf("%w: attempt %d: want the attempt number the guard returned (1 or more)", ErrInvalid, r.Attempt)
+	}
+	if r.StatusCode < 0 || r.StatusCode > 999 {
+		return fmt.Errorf("%w: status code %d is not an HTTP status", ErrInvalid, r.StatusCode)
+	}
+	if err := validateText("actor", r.Actor); err != nil {
+		return err
+	}
+	return validateText("reason", r.Reason)
+}
+
+// Validate checks a reconciliation.
+func (r ResolveRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if r.Source == "" {
+		return fmt.Errorf("%w: a resolution needs its source (operator, webhook, lookup)", ErrInvalid)
+	}
+	for field, v := range map[string]string{"source": r.Source, "note": r.Note, "actor": r.Actor} {
+		if err := validateText(field, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
