@@ -95,12 +95,16 @@ var Boundaries = []Boundary{BoundaryHTTP, BoundaryTunnel, BoundaryClaim, Boundar
 
 // Run is one durable run row.
 type Run struct {
-	ID            string    `json:"run_id"`
-	Status        Status    `json:"status"`
-	CancelVersion int64     `json:"cancel_version"`
-	Reason        string    `json:"reason,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	ID            string `json:"run_id"`
+	Status        Status `json:"status"`
+	CancelVersion int64  `json:"cancel_version"`
+	// Reason is the operator's reason for the cancel (or completion).
+	Reason string `json:"reason,omitempty"`
+	// StatusReason says why the run left CANCELLING or UNKNOWN: drained,
+	// unresolved_intents, drain_timeout, reconciled.
+	StatusReason string    `json:"status_reason,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 	// CancelledAt is when the cancel committed; zero if never cancelled.
 	CancelledAt time.Time `json:"cancelled_at,omitzero"`
 	// DrainDeadline is when a CANCELLING run stops waiting for in-flight work.
