@@ -1,0 +1,166 @@
+// Package intents is the effect ledger on top of the state guard: it names
+// effects (idempotency keys), admits them through the one atomic guard,
+// keeps the leases of the effects this instance carries alive, records their
+// outcomes, and sweeps the store so that expired leases become UNKNOWN and
+// cancelled runs move on to CANCELLED or UNKNOWN.
+//
+// It never dispatches an effect and never decides whether one may happen:
+// that is the guard's answer, recorded in the same atomic step as the check.
+package intents
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// DerivedKey names an effect that carries no Idempotency-Key: the same run,
+// method, target and body give the same base, and the store numbers repeats.
+func DerivedKey(runID, method, target, bodyDigest string) string {
+	h := sha256.New()
+	for _, part := range []string{runID, method, target, bodyDigest} {
+		fmt.Fprintf(h, "%d:%s;", len(part), part)
+	}
+	return "d-" + hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// Ledger admits effects through the guard and holds their leases until
+// their outcome is recorded.
+type Ledger struct {
+	store   state.Store
+	owner   string
+	ttl     time.Duration
+	timeout time.Duration
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	held map[state.IntentRef]struct{}
+}
+
+// LedgerOptions configure a Ledger.
+type LedgerOptions struct {
+	// Owner names this instance in leases and in the audit log.
+	Owner string
+	// LeaseTTL is how long an IN_FLIGHT intent stays leased without a
+	// renewal; a carrier killed with -9 leaves it to expire into UNKNOWN.
+	LeaseTTL time.Duration
+	// StoreTimeout bounds every store call: past it the store counts as down.
+	StoreTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// NewLedger returns a ledger; call Run to keep its leases alive.
+func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = 15 * time.Second
+	}
+	if opts.StoreTimeout <= 0 {
+		opts.StoreTimeout = 2 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Ledger{
+		store: store, owner: opts.Owner, ttl: opts.LeaseTTL, timeout: opts.StoreTimeout,
+		log: opts.Logger, held: map[state.IntentRef]struct{}{},
+	}
+}
+
+// Owner is the name this ledger leases intents under.
+func (l *Ledger) Owner() string { return l.owner }
+
+// Begin runs the guard for one effect. An admitted IN_FLIGHT intent is
+// leased to this ledger until Finish. A store that does not answer within
+// the store timeout is an error wrapping state.ErrUnavailable: the caller
+// must not dispatch.
+func (l *Ledger) Begin(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
+	req.LeaseOwner = l.owner
+	if req.NotBefore.IsZero() {
+		req.LeaseTTL = l.ttl
+	}
+	if req.Actor == "" {
+		req.Actor = l.owner
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	res, err := l.store.Guard(ctx, req)
+	if err != nil {
+		return res, fmt.Errorf("guard %s for run %s: %w", req.Boundary, req.RunID, unavailableOnDeadline(err))
+	}
+	if res.Admitted && res.Intent.State == state.IntentInFlight {
+		l.mu.Lock()
+		l.held[state.IntentRef{RunID: res.Intent.RunID, Key: res.Intent.Key}] = struct{}{}
+		l.mu.Unlock()
+	}
+	return res, nil
+}
+
+// Finish records the outcome of an intent this ledger carried and lets its
+// lease go. If the store cannot take it, the lease is still let go: it
+// expires into UNKNOWN, which is the honest record of an outcome nobody
+// could write down.
+func (l *Ledger) Finish(ctx context.Context, in state.Intent, outcome state.IntentState, statusCode int, reason string) (state.Intent, error) {
+	l.mu.Lock()
+	delete(l.held, state.IntentRef{RunID: in.RunID, Key: in.Key})
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	out, err := l.store.Finish(ctx, state.FinishRequest{
+		RunID: in.RunID, Key: in.Key, Attempt: in.Attempts, Outcome: outcome,
+		StatusCode: statusCode, Reason: reason, Actor: l.owner,
+	})
+	if err != nil {
+		return out, fmt.Errorf("record %s of intent %s/%s: %w", outcome, in.RunID, in.Key, unavailableOnDeadline(err))
+	}
+	return out, nil
+}
+
+// Held lists the intents this ledger carries now.
+func (l *Ledger) Held() []state.IntentRef {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	refs := make([]state.IntentRef, 0, len(l.held))
+	for ref := range l.held {
+		refs = append(refs, ref)
+	}
+	return refs
+}
+
+// Run renews the leases of held intents every third of the lease TTL until
+// ctx ends.
+func (l *Ledger) Run(ctx context.Context) {
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		refs := l.Held()
+		if len(refs) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.timeout)
+		if err := l.store.Renew(rctx, l.owner, l.ttl, refs); err != nil {
+			l.log.Warn("lease renewal failed; leases expire into UNKNOWN if this persists", "owner", l.owner, "intents", len(refs), "err", err)
+		}
+		cancel()
+	}
+}
+
+func unavailableOnDeadline(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errorsIsDeadline(err) {
+		return fmt.Errorf("%w: %w", state.ErrUnavailable, err)
+	}
+	return err
+}

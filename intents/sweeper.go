@@ -1,0 +1,75 @@
+package intents
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// Sweeper ticks every live run: expired leases become UNKNOWN, drained
+// cancels become CANCELLED, and drain deadlines that pass with work in
+// flight leave the run UNKNOWN. Any number of instances may sweep the same
+// store: every tick is one atomic, repeatable step.
+type Sweeper struct {
+	Store    state.Store
+	Interval time.Duration
+	// Actor names the sweeper in the audit log.
+	Actor        string
+	StoreTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Run sweeps until ctx ends.
+func (s *Sweeper) Run(ctx context.Context) {
+	interval := s.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep(ctx)
+		}
+	}
+}
+
+// Sweep ticks every live run once.
+func (s *Sweeper) Sweep(ctx context.Context) {
+	log := s.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	timeout := s.StoreTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	runs, err := s.Store.LiveRuns(lctx)
+	cancel()
+	if err != nil {
+		log.Warn("sweep: cannot list live runs", "err", err)
+		return
+	}
+	for _, id := range runs {
+		if ctx.Err() != nil {
+			return
+		}
+		tctx, cancel := context.WithTimeout(ctx, timeout)
+		_, err := s.Store.Tick(tctx, id, s.Actor)
+		cancel()
+		if err != nil && !errors.Is(err, state.ErrNotFound) {
+			log.Warn("sweep: tick failed", "run", id, "err", err)
+		}
+	}
+}
+
+func errorsIsDeadline(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded)
+}

@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// CA is the certificate authority the proxy signs intercepted hosts with.
+// Workers trust it through SSL_CERT_FILE, REQUESTS_CA_BUNDLE or
+// NODE_EXTRA_CA_CERTS; its key never leaves the data directory (mode 0600).
+type CA struct {
+	Cert tls.Certificate
+	// PEM is the CA certificate alone, as workers install it.
+	PEM []byte
+}
+
+// CA file names inside the data directory.
+const (
+	caCertFile = "ca.pem"
+	caKeyFile  = "ca-key.pem"
+)
+
+// LoadOrCreateCA reads the CA from dir, or creates one there on first start.
+// A half-present CA (a certificate without its key, or the reverse) is an
+// error rather than a silent replacement: workers already trust the old one.
+func LoadOrCreateCA(dir string) (*CA, error) {
+	certPath, keyPath := filepath.Join(dir, caCertFile), filepath.Join(dir, caKeyFile)
+	certPEM, certErr := os.ReadFile(certPath)
+	keyPEM, keyErr := os.ReadFile(keyPath)
+	switch {
+	case certErr == nil && keyErr == nil:
+		return parseCA(certPEM, keyPEM, certPath, keyPath)
+	case errors.Is(certErr, fs.ErrNotExist) && errors.Is(keyErr, fs.ErrNotExist):
+		return createCA(dir, certPath, keyPath)
+	case certErr != nil && !errors.Is(certErr, fs.ErrNotExist):
+		return nil, fmt.Errorf("read CA certificate: %w", certErr)
+	case keyErr != nil && !errors.Is(keyErr, fs.ErrNotExist):
+		return nil, fmt.Errorf("read CA key: %w", keyErr)
+	default:
+		return nil, fmt.Errorf("CA in %s is incomplete: need both %s and %s (remove both to create a new CA, then redistribute it to workers)", dir, caCertFile, caKeyFile)
+	}
+}
+
+func parseCA(certPEM, keyPEM []byte, certPath, keyPath string) (*CA, error) {
+	if info, err := os.Stat(keyPath); err == nil && info.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("CA key %s has mode %v: it must be readable by its owner only (chmod 600)", keyPath, info.Mode().Perm())
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA in %s and %s: %w", certPath, keyPath, err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate %s: %w", certPath, err)
+	}
+	if !leaf.IsCA {
+		return nil, fmt.Errorf("CA certificate %s is not a CA certificate", certPath)
+	}
+	cert.Leaf = leaf
+	return &CA{Cert: cert, PEM: certPEM}, nil
+}
+
+func createCA(dir, certPath, keyPath string) (*CA, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("CA serial: %w", err)
+	}
+	host, _ := os.Hostname()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "stopgate egress CA " + host, Organization: []string{"stopgate"}},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("create CA certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode CA key: %w", err)
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	// Key first, so that a crash in between leaves a state LoadOrCreateCA reports.
+	if err := writeFileSync(keyPath, keyPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("write CA key: %w", err)
+	}
+	if err := writeFileSync(certPath, certPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("write CA certificate: %w", err)
+	}
+	return parseCA(certPEM, keyPEM, certPath, keyPath)
+}
+
+func writeFileSync(path string, data []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// certCache keeps one minted leaf per host, so a worker that opens many
+// tunnels to one host does not cost a key generation each time.
+type certCache struct {
+	mu    sync.Mutex
+	certs map[string]*tls.Certificate
+}
+
+func (c *certCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cert, ok := c.certs[host]; ok && cert.Leaf != nil && time.Now().Before(cert.Leaf.NotAfter) {
+		return cert, nil
+	}
+	cert, err := gen()
+	if err != nil {
+		return nil, err
+	}
+	if c.certs == nil {
+		c.certs = map[string]*tls.Certificate{}
+	}
+	c.certs[host] = cert
+	return cert, nil
+}

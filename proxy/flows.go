@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// flow is one admitted effect this instance is carrying: a request on its
+// way to the upstream or streaming back, or a pass-through tunnel. The
+// registry of flows is how a cancel reaches connections that goproxy has
+// already handed off.
+type flow struct {
+	id     identity
+	intent state.Intent
+	method string
+	// allowCancelling: a delivery destination that a CANCELLING run may still reach.
+	allowCancelling bool
+	tunnel          bool
+	// responding is set once the upstream answered: what is left is a
+	// stream back to the client, which a cancel cuts at once.
+	responding atomic.Bool
+	cut        context.CancelCauseFunc
+}
+
+// cutError is the cause a flow is cut with, so the round trip can record why.
+type cutError struct{ reason string }
+
+func (e *cutError) Error() string { return "cut by stopgate: " + e.reason }
+
+func safeMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+type flowSet struct {
+	mu     sync.Mutex
+	byRun  map[string]map[*flow]struct{}
+	timers map[string]*time.Timer
+}
+
+func newFlowSet() *flowSet {
+	return &flowSet{byRun: map[string]map[*flow]struct{}{}, timers: map[string]*time.Timer{}}
+}
+
+func (s *flowSet) add(f *flow) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.byRun[f.id.run]
+	if m == nil {
+		m = map[*flow]struct{}{}
+		s.byRun[f.id.run] = m
+	}
+	m[f] = struct{}{}
+}
+
+func (s *flowSet) remove(f *flow) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.byRun[f.id.run]
+	delete(m, f)
+	if len(m) == 0 {
+		delete(s.byRun, f.id.run)
+		if t := s.timers[f.id.run]; t != nil {
+			t.Stop()
+			delete(s.timers, f.id.run)
+		}
+	}
+}
+
+func (s *flowSet) runs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.byRun))
+	for run := range s.byRun {
+		out = append(out, run)
+	}
+	return out
+}
+
+func (s *flowSet) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.byRun {
+		n += len(m)
+	}
+	return n
+}
+
+// enforce applies the run's row to its open flows: nothing while ACTIVE;
+// while CANCELLING, tunnels, streams and safe requests are cut at once and
+// unsafe requests may finish until the drain deadline (delivery
+// destinations until the run leaves CANCELLING); once the run is anything
+// else, everything left is cut. It returns the drain deadline still to
+// wait for, if any.
+func (s *flowSet) enforce(run state.Run, now time.Time) (wait time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for f := range s.byRun[run.ID] {
+		reason := cutReason(f, run, now)
+		if reason == "" {
+			if run.Status == state.StatusCancelling && !f.allowCancelling {
+				wait = run.DrainDeadline
+			}
+			continue
+		}
+		f.cut(&cutError{reason: reason})
+	}
+	return wait
+}
+
+func cutReason(f *flow, run state.Run, now time.Time) string {
+	switch run.Status {
+	case state.StatusActive:
+		return ""
+	case state.StatusCancelling:
+		switch {
+		case f.allowCancelling:
+			return ""
+		case f.tunnel:
+			return "run_cancelled: pass-through tunnel"
+		case f.responding.Load():
+			return "run_cancelled: response stream"
+		case safeMethod(f.method):
+			return "run_cancelled: safe request"
+		case !now.Before(run.DrainDeadline):
+			return "drain_timeout"
+		}
+		return ""
+	default:
+		return "run_" + string(run.Status)
+	}
+}
+
+// armTimer makes sure the run is enforced again at its drain deadline.
+func (s *flowSet) armTimer(run string, at time.Time, fire func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.timers[run]; ok || len(s.byRun[run]) == 0 {
+		return
+	}
+	s.timers[run] = time.AfterFunc(time.Until(at)+10*time.Millisecond, func() {
+		s.mu.Lock()
+		delete(s.timers, run)
+		s.mu.Unlock()
+		fire()
+	})
+}

@@ -1,0 +1,100 @@
+package proxy
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// Headers a worker uses to name its run; they never reach the upstream.
+const (
+	HeaderRunID      = "X-Run-ID"
+	HeaderRunVersion = "X-Run-Version"
+	HeaderIntent     = "X-Stopgate-Intent"
+	HeaderRefusal    = "X-Stopgate-Refusal"
+)
+
+// identity is the run a request belongs to and the cancel_version its
+// worker observed (0: none given).
+type identity struct {
+	run     string
+	version int64
+	via     string
+}
+
+var errNoIdentity = errors.New("no run identity: send X-Run-ID (and X-Run-Version), or proxy credentials RUN_ID:VERSION, or start the sidecar with --run")
+
+// badCredentials is proxy credentials that cannot be read; the client gets
+// 407 so that it knows to fix them, with a message saying what is wrong.
+type badCredentials struct{ msg string }
+
+func (e badCredentials) Error() string { return e.msg }
+
+// identify reads the run identity in the contract's order of precedence:
+// headers, then proxy credentials, then the fallback (the CONNECT's identity
+// inside a MITM tunnel, or the sidecar's static run).
+func identify(h http.Header, fallback *identity) (identity, error) {
+	if run := h.Get(HeaderRunID); run != "" || h.Get(HeaderRunVersion) != "" {
+		if run == "" {
+			return identity{}, fmt.Errorf("%w: %s without %s", state.ErrInvalid, HeaderRunVersion, HeaderRunID)
+		}
+		if err := state.ValidateRunID(run); err != nil {
+			return identity{}, fmt.Errorf("header %s: %w", HeaderRunID, err)
+		}
+		v, err := parseVersion(h.Get(HeaderRunVersion))
+		if err != nil {
+			return identity{}, fmt.Errorf("header %s: %w", HeaderRunVersion, err)
+		}
+		return identity{run: run, version: v, via: "header"}, nil
+	}
+	if auth := h.Get("Proxy-Authorization"); auth != "" {
+		return fromCredentials(auth)
+	}
+	if fallback != nil {
+		return *fallback, nil
+	}
+	return identity{}, errNoIdentity
+}
+
+func fromCredentials(auth string) (identity, error) {
+	scheme, encoded, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return identity{}, badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
+	if err != nil {
+		return identity{}, badCredentials{"Proxy-Authorization is not valid base64"}
+	}
+	run, pass, _ := strings.Cut(string(raw), ":")
+	if err := state.ValidateRunID(run); err != nil {
+		return identity{}, badCredentials{"proxy credentials user (the run id): " + err.Error()}
+	}
+	v, err := parseVersion(pass)
+	if err != nil {
+		return identity{}, badCredentials{"proxy credentials password (the cancel version): " + err.Error()}
+	}
+	return identity{run: run, version: v, via: "credentials"}, nil
+}
+
+func parseVersion(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 1 {
+		return 0, fmt.Errorf("%w: cancel version %q is not a whole number of 1 or more", state.ErrInvalid, s)
+	}
+	return v, nil
+}
+
+// stripIdentity removes what names the run from a request bound upstream.
+func stripIdentity(h http.Header) {
+	for _, k := range []string{HeaderRunID, HeaderRunVersion, "Proxy-Authorization", "Proxy-Connection"} {
+		h.Del(k)
+	}
+}
