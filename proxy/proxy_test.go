@@ -1,0 +1,321 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/state"
+)
+
+func TestRequestOfActiveRunIsForwardedAndRecordedResponded(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			up := newUpstream(t, tlsOn, nil)
+			e.admit("r1")
+			resp, body := do(t, e.client("r1", 1), "POST", up.URL+"/charge?secret=s", strings.NewReader(`{"amount":1}`), nil)
+			if resp.StatusCode != 200 || string(body) != "hello POST /charge" {
+				t.Fatalf("got %d %q", resp.StatusCode, body)
+			}
+			key := resp.Header.Get(proxy.HeaderIntent)
+			if key == "" {
+				t.Fatal("forwarded response has no X-Stopgate-Intent")
+			}
+			in := e.intent("r1", key)
+			if in.State != state.IntentResponded || in.StatusCode != 200 || in.Method != "POST" || in.Boundary != state.BoundaryHTTP {
+				t.Fatalf("intent %+v", in)
+			}
+			if strings.Contains(in.Target, "secret") || !strings.HasSuffix(in.Target, "/charge") {
+				t.Fatalf("recorded target %q must keep the path and drop the query", in.Target)
+			}
+			if up.hits.Load() != 1 {
+				t.Fatalf("upstream hits %d", up.hits.Load())
+			}
+		})
+	}
+}
+
+func TestRunIdentityNeverReachesUpstream(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			up := newUpstream(t, tlsOn, nil)
+			h := http.Header{"X-Run-Id": {"r2"}, "X-Run-Version": {"1"}, "X-Other": {"kept"}}
+			resp, _ := do(t, e.client("r2", 1), "GET", up.URL+"/", nil, h)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			got := up.lastHeader()
+			for _, k := range []string{"X-Run-Id", "X-Run-Version", "Proxy-Authorization", "Proxy-Connection"} {
+				if got.Get(k) != "" {
+					t.Errorf("upstream received %s: %q", k, got.Get(k))
+				}
+			}
+			if got.Get("X-Other") != "kept" {
+				t.Errorf("an ordinary header was dropped")
+			}
+		})
+	}
+}
+
+func TestRefusalsAreExplicit(t *testing.T) {
+	e := newEnv(t, envOptions{noAutoAdmit: true})
+	up := newUpstream(t, false, nil)
+	e.admit("ok")
+	for _, tc := range []struct {
+		name       string
+		client     *http.Client
+		header     http.Header
+		wantStatus int
+		wantError  string
+	}{
+		{"no identity", e.client("", 0), nil, 407, "no_run_identity"},
+		{"bad version header", e.client("", 0), http.Header{"X-Run-Id": {"ok"}, "X-Run-Version": {"two"}}, 400, "bad_run_identity"},
+		{"version without run", e.client("", 0), http.Header{"X-Run-Version": {"1"}}, 400, "bad_run_identity"},
+		{"bad run id", e.client("", 0), http.Header{"X-Run-Id": {"a b{c}"}}, 400, "bad_run_identity"},
+		{"bad credentials version", e.client("ok", 0), http.Header{"Proxy-Authorization": {"Basic b2s6LTE="}}, 407, "no_run_identity"},
+		{"unseen run without auto-admit", e.client("never", 1), nil, 409, "run_not_admitted"},
+		{"stale version", e.client("ok", 5), nil, 409, "stale_version"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := do(t, tc.client, "GET", up.URL+"/", nil, tc.header)
+			r := decodeRefusal(t, body)
+			if resp.StatusCode != tc.wantStatus || r.Error != tc.wantError || resp.Header.Get(proxy.HeaderRefusal) != tc.wantError {
+				t.Fatalf("got %d %s (header %q): %s", resp.StatusCode, r.Error, resp.Header.Get(proxy.HeaderRefusal), body)
+			}
+			if r.Message == "" {
+				t.Fatal("refusal without a message")
+			}
+			if tc.wantStatus == 407 && resp.Header.Get("Proxy-Authenticate") == "" {
+				t.Fatal("407 without Proxy-Authenticate")
+			}
+		})
+	}
+	if up.hits.Load() != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", up.hits.Load())
+	}
+}
+
+func TestCancelledRunIsRefusedOverHTTPAndInsideTunnel(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			up := newUpstream(t, tlsOn, nil)
+			e.admit("r3")
+			c := e.client("r3", 1)
+			// The same kept-alive client (one tunnel when TLS) before and after the cancel.
+			if resp, _ := do(t, c, "POST", up.URL+"/a", strings.NewReader("x"), nil); resp.StatusCode != 200 {
+				t.Fatalf("before cancel: %d", resp.StatusCode)
+			}
+			e.cancel("r3", time.Minute)
+			resp, body := do(t, c, "POST", up.URL+"/b", strings.NewReader("y"), nil)
+			r := decodeRefusal(t, body)
+			if resp.StatusCode != 409 || r.Error != "run_not_active" || r.Status != "CANCELLING" || r.CancelVersion != 2 || r.ObservedVersion != 1 || r.Recorded != "CANCELLED_BEFORE_DISPATCH" || r.RunID != "r3" {
+				t.Fatalf("after cancel: %d %s", resp.StatusCode, body)
+			}
+			if resp.Header.Get(proxy.HeaderRefusal) != "run_not_active" || resp.Header.Get(proxy.HeaderIntent) != r.Intent {
+				t.Fatalf("refusal headers %v", resp.Header)
+			}
+			if in := e.intent("r3", r.Intent); in.State != state.IntentCancelledBeforeDispatch {
+				t.Fatalf("refused intent %+v", in)
+			}
+			if up.hits.Load() != 1 {
+				t.Fatalf("upstream hits %d, want 1", up.hits.Load())
+			}
+		})
+	}
+}
+
+func TestIdempotencyKeyRules(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	release := make(chan struct{})
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		w.WriteHeader(201)
+	})
+	e.admit("r4")
+	c := e.client("r4", 1)
+	h := http.Header{"Idempotency-Key": {"charge-1"}}
+
+	done := make(chan int)
+	go func() {
+		resp, _ := do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
+		done <- resp.StatusCode
+	}()
+	eventually(t, 5*time.Second, "first attempt in flight", func() bool { return up.hits.Load() == 1 })
+	resp, body := do(t, e.client("r4", 1), "POST", up.URL+"/slow", strings.NewReader("A"), h)
+	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "intent_in_progress" {
+		t.Fatalf("duplicate while in flight: %d %s", resp.StatusCode, body)
+	}
+	close(release)
+	if code := <-done; code != 201 {
+		t.Fatalf("first attempt: %d", code)
+	}
+	resp, body = do(t, c, "POST", up.URL+"/slow", strings.NewReader("B"), h)
+	if r := decodeRefusal(t, body); resp.StatusCode != 422 || r.Error != "idempotency_key_reused" {
+		t.Fatalf("same key, other body: %d %s", resp.StatusCode, body)
+	}
+	resp, _ = do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
+	if resp.StatusCode != 201 || resp.Header.Get(proxy.HeaderIntent) != "charge-1" {
+		t.Fatalf("replay after RESPONDED: %d %v", resp.StatusCode, resp.Header)
+	}
+	if in := e.intent("r4", "charge-1"); in.Attempts != 2 || in.State != state.IntentResponded || in.Refusals != 2 {
+		t.Fatalf("intent after replays %+v", in)
+	}
+	if up.hits.Load() != 2 {
+		t.Fatalf("upstream hits %d, want 2", up.hits.Load())
+	}
+	if got := up.lastHeader().Get("Idempotency-Key"); got != "charge-1" {
+		t.Fatalf("Idempotency-Key must reach the provider, got %q", got)
+	}
+}
+
+func TestLargeUploadIsStreamedWholeAndCapped(t *testing.T) {
+	e := newEnv(t, envOptions{maxBody: 8 << 20})
+	up := newUpstream(t, true, nil)
+	e.admit("r5")
+	big := bytes.Repeat([]byte("0123456789abcdef"), (5<<20)/16)
+	resp, _ := do(t, e.client("r5", 1), "PUT", up.URL+"/upload", bytes.NewReader(big), nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("upload: %d", resp.StatusCode)
+	}
+	up.mu.Lock()
+	got := up.bodies[len(up.bodies)-1]
+	up.mu.Unlock()
+	if !bytes.Equal(got, big) {
+		t.Fatalf("upstream got %d bytes, want %d identical", len(got), len(big))
+	}
+	in := e.intent("r5", resp.Header.Get(proxy.HeaderIntent))
+	if !strings.HasPrefix(in.BodyDigest, "sha256:") {
+		t.Fatalf("digest %q", in.BodyDigest)
+	}
+	tooBig := bytes.Repeat([]byte("x"), 9<<20)
+	resp, body := do(t, e.client("r5", 1), "PUT", up.URL+"/upload", bytes.NewReader(tooBig), nil)
+	if r := decodeRefusal(t, body); resp.StatusCode != 413 || r.Error != "body_too_large" {
+		t.Fatalf("over the cap: %d %s", resp.StatusCode, body)
+	}
+	if up.hits.Load() != 1 {
+		t.Fatalf("upstream hits %d, want 1", up.hits.Load())
+	}
+}
+
+func TestUpstreamFailuresAreRecordedHonestly(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.admit("r6")
+	c := e.client("r6", 1)
+
+	// Nothing listens: the dial fails before a byte is written.
+	dead := newUpstream(t, false, nil)
+	deadURL := dead.URL
+	dead.Close()
+	resp, body := do(t, c, "POST", deadURL+"/x", strings.NewReader("p"), nil)
+	r := decodeRefusal(t, body)
+	if resp.StatusCode != 502 || r.Recorded != "NOT_SENT" {
+		t.Fatalf("dial failure: %d %s", resp.StatusCode, body)
+	}
+	if in := e.intent("r6", r.Intent); in.State != state.IntentNotSent {
+		t.Fatalf("dial failure recorded %+v", in)
+	}
+
+	// The upstream reads the request and hangs up without an answer.
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})
+	resp, body = do(t, c, "POST", up.URL+"/y", strings.NewReader("p"), nil)
+	r = decodeRefusal(t, body)
+	if resp.StatusCode != 502 || r.Recorded != "UNKNOWN" {
+		t.Fatalf("hang-up after send: %d %s", resp.StatusCode, body)
+	}
+	if in := e.intent("r6", r.Intent); in.State != state.IntentUnknown {
+		t.Fatalf("hang-up recorded %+v", in)
+	}
+}
+
+// TestRaceConcurrentPostsWhileCancelLands: many POSTs race one cancel. The
+// upstream must have seen exactly the requests the store admitted (all
+// before the cancel), and every other one must be CANCELLED_BEFORE_DISPATCH.
+func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, false, nil)
+	const rounds, workers, perWorker = 10, 8, 10
+	for round := range rounds {
+		run := fmt.Sprintf("race-%d", round)
+		e.admit(run)
+		before := up.hits.Load()
+		var wg sync.WaitGroup
+		var forwarded, refused, other int64
+		var mu sync.Mutex
+		for w := range workers {
+			wg.Go(func() {
+				c := e.client(run, 1)
+				for i := range perWorker {
+					resp, _ := do(t, c, "POST", up.URL+"/effect", strings.NewReader(fmt.Sprintf("%d-%d", w, i)), nil)
+					mu.Lock()
+					switch resp.StatusCode {
+					case 200:
+						forwarded++
+					case 409:
+						refused++
+					default:
+						other++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Go(func() {
+			time.Sleep(time.Duration(round) * 3 * time.Millisecond)
+			e.cancel(run, time.Minute)
+		})
+		wg.Wait()
+		hits := up.hits.Load() - before
+		counts := map[state.IntentState]int64{}
+		for _, in := range e.intents(run) {
+			counts[in.State]++
+		}
+		admitted := counts[state.IntentResponded] + counts[state.IntentInFlight]
+		if other != 0 || hits != forwarded || hits != admitted || counts[state.IntentCancelledBeforeDispatch] != refused || forwarded+refused != workers*perWorker {
+			t.Fatalf("%s: upstream %d, forwarded %d, refused %d, other %d, ledger %v", run, hits, forwarded, refused, other, counts)
+		}
+		evs, err := e.store.Events(context.Background(), run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancelled := false
+		for _, ev := range evs {
+			if ev.Kind == state.EventRunCancelled {
+				cancelled = true
+			}
+			if cancelled && ev.Kind == state.EventIntentAdmitted {
+				t.Fatalf("%s: intent %s admitted after the cancel committed", run, ev.Intent)
+			}
+		}
+		t.Logf("%s: %d forwarded before the cancel, %d refused after", run, forwarded, refused)
+	}
+}
+
+func TestNotAProxyRequestIsAClearError(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	resp, err := http.Get(e.server.URL + "/v1/runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if r := decodeRefusal(t, body); resp.StatusCode != 400 || r.Error != "not_a_proxy_request" {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+}
