@@ -1,0 +1,225 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/state"
+)
+
+// sse is an upstream that streams an event every 50ms until the client goes.
+func sse(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	rc := http.NewResponseController(w)
+	for i := 0; ; i++ {
+		if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+			return
+		}
+		if rc.Flush() != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			up := newUpstream(t, tlsOn, sse)
+			e.admit("s1")
+			c := e.client("s1", 1)
+			c.Timeout = 0
+			resp, err := c.Get(up.URL + "/events")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			lines := bufio.NewReader(resp.Body)
+			for range 3 {
+				if _, err := lines.ReadString('\n'); err != nil {
+					t.Fatalf("stream before cancel: %v", err)
+				}
+			}
+			cancelled := time.Now()
+			e.cancel("s1", time.Minute)
+			ended := make(chan time.Duration, 1)
+			go func() {
+				for {
+					if _, err := lines.ReadString('\n'); err != nil {
+						ended <- time.Since(cancelled)
+						return
+					}
+				}
+			}()
+			select {
+			case d := <-ended:
+				t.Logf("stream ended %v after the cancel", d)
+			case <-time.After(time.Second):
+				t.Fatal("SSE stream still open one second after the cancel")
+			}
+			in := e.intent("s1", resp.Header.Get(proxy.HeaderIntent))
+			if in.State != state.IntentResponded || in.StatusCode != 200 {
+				t.Fatalf("the provider answered before the cut: want RESPONDED 200, got %+v", in)
+			}
+		})
+	}
+}
+
+// echoServer is a raw TCP upstream for pass-through tunnels: TLS that the
+// proxy never sees inside.
+func echoTLSServer(t *testing.T) (addr string, roots *x509.CertPool) {
+	t.Helper()
+	up := newUpstream(t, true, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			sse(w, r)
+			return
+		}
+		io.WriteString(w, "secret inside")
+	})
+	pool := x509.NewCertPool()
+	pool.AddCert(up.Certificate())
+	return up.Listener.Addr().String(), pool
+}
+
+func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
+	addr, roots := echoTLSServer(t)
+	host, _, _ := net.SplitHostPort(addr)
+	e := newEnv(t, envOptions{passThrough: []string{host}})
+	e.admit("p1")
+	pu, _ := url.Parse(e.server.URL)
+	pu.User = url.UserPassword("p1", "1")
+	newClient := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	}
+	c := newClient()
+
+	// The upstream's own certificate is trusted: the tunnel is not intercepted.
+	resp, body := do(t, c, "GET", "https://"+addr+"/", nil, nil)
+	if resp.StatusCode != 200 || string(body) != "secret inside" || resp.Header.Get(proxy.HeaderIntent) != "" {
+		t.Fatalf("through the tunnel: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	// A second client: a second tunnel.
+	stream, err := newClient().Get("https://" + addr + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	lines := bufio.NewReader(stream.Body)
+	if _, err := lines.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	var tunnels []state.Intent
+	for _, in := range e.intents("p1") {
+		if in.Boundary == state.BoundaryTunnel {
+			tunnels = append(tunnels, in)
+		}
+	}
+	if len(tunnels) != 2 || tunnels[0].Method != "CONNECT" || tunnels[0].Target != addr {
+		t.Fatalf("one intent per tunnel: %+v", tunnels)
+	}
+
+	cancelled := time.Now()
+	e.cancel("p1", time.Minute)
+	ended := make(chan time.Duration, 1)
+	go func() {
+		for {
+			if _, err := lines.ReadString('\n'); err != nil {
+				ended <- time.Since(cancelled)
+				return
+			}
+		}
+	}()
+	select {
+	case d := <-ended:
+		t.Logf("tunnel cut %v after the cancel", d)
+	case <-time.After(time.Second):
+		t.Fatal("pass-through tunnel still open one second after the cancel")
+	}
+	eventually(t, 2*time.Second, "cut tunnel recorded UNKNOWN", func() bool {
+		return e.intent("p1", tunnels[1].Key).State == state.IntentUnknown
+	})
+
+	// A new CONNECT of the cancelled run is refused before any tunnel opens.
+	conn, err := net.Dial("tcp", pu.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic cDE6MQ==\r\n\r\n", addr, addr)
+	refused, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused.StatusCode != 409 || refused.Header.Get(proxy.HeaderRefusal) != "run_not_active" {
+		t.Fatalf("CONNECT after cancel: %d %v", refused.StatusCode, refused.Header)
+	}
+}
+
+func TestUnsafeInFlightRequestMayFinishWithinDrain(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	release := make(chan struct{})
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(202)
+	})
+	e.admit("d1")
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, _ := do(t, e.client("d1", 1), "POST", up.URL+"/slow", strings.NewReader("x"), nil)
+		done <- resp
+	}()
+	eventually(t, 5*time.Second, "request in flight", func() bool { return up.hits.Load() == 1 })
+	e.cancel("d1", 30*time.Second)
+	time.Sleep(400 * time.Millisecond) // two re-check intervals: nothing may cut it
+	close(release)
+	resp := <-done
+	if resp.StatusCode != 202 {
+		t.Fatalf("in-flight POST admitted before the cancel: %d, want the upstream's 202", resp.StatusCode)
+	}
+	if in := e.intent("d1", resp.Header.Get(proxy.HeaderIntent)); in.State != state.IntentResponded {
+		t.Fatalf("intent %+v", in)
+	}
+}
+
+func TestUnsafeInFlightRequestIsCutAtDrainDeadlineAsUnknown(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	})
+	e.admit("d2")
+	done := make(chan []byte, 1)
+	go func() {
+		_, body := do(t, e.client("d2", 1), "POST", up.URL+"/hang", strings.NewReader("x"), nil)
+		done <- body
+	}()
+	eventually(t, 5*time.Second, "request in flight", func() bool { return up.hits.Load() == 1 })
+	e.cancel("d2", 300*time.Millisecond)
+	var body []byte
+	select {
+	case body = <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("request still in flight 3s after a 300ms drain deadline")
+	}
+	r := decodeRefusal(t, body)
+	if r.Recorded != "UNKNOWN" || !strings.Contains(r.Message, "drain_timeout") {
+		t.Fatalf("cut at the deadline: %s", body)
+	}
+	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
+		t.Fatalf("intent %+v", in)
+	}
+}
