@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -85,6 +86,8 @@ type envOptions struct {
 	maxBody     int64
 	noAutoAdmit bool
 	leaseTTL    time.Duration
+	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	roots       *x509.CertPool
 }
 
 func newFileStore(t *testing.T) state.Store {
@@ -115,6 +118,9 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if opts.roots == nil {
+		opts.roots = upstreamRoots(t)
+	}
 	ttl := opts.leaseTTL
 	if ttl == 0 {
 		ttl = 15 * time.Second
@@ -123,7 +129,7 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: time.Second, Logger: log})
 	p, err := proxy.New(proxy.Config{
 		Store: opts.store, Ledger: ledger, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: upstreamRoots(t),
+		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial,
 		RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
 	})
 	if err != nil {

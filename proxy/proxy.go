@@ -60,6 +60,10 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// DialTimeout bounds connecting to an upstream.
 	DialTimeout time.Duration
+	// DialContext, if set, connects to upstreams instead of a plain
+	// net.Dialer (egress through a chosen interface, or a fixed address for
+	// a name, as tests do for their loopback providers).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger      *slog.Logger
 }
 
@@ -109,13 +113,15 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.static = &identity{run: cfg.StaticRun, via: "static"}
 	}
-	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	if cfg.DialContext == nil {
+		cfg.DialContext = (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	}
 	// Our own transport: goproxy's default reads HTTP(S)_PROXY from the
 	// environment, and a sidecar that inherits its worker's environment
 	// would proxy to itself.
 	p.transport = &http.Transport{
 		Proxy:                 nil,
-		DialContext:           dialer.DialContext,
+		DialContext:           cfg.DialContext,
 		TLSClientConfig:       &tls.Config{RootCAs: cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:   cfg.DialTimeout,
 		MaxIdleConns:          512,

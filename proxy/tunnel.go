@@ -81,8 +81,9 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow)
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
-	dialer := &net.Dialer{Timeout: p.cfg.DialTimeout}
-	upstream, err := dialer.DialContext(ctx, "tcp", host)
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	upstream, err := p.cfg.DialContext(dctx, "tcp", host)
+	cancel()
 	if err != nil {
 		p.finish(ctx, f, state.IntentNotSent, 0, "dial: "+err.Error())
 		resp := refusal(req, http.StatusBadGateway, "upstream_failed", map[string]any{
