@@ -1,0 +1,168 @@
+// Package policy reads the operator's YAML policy file: which hosts are
+// tunnelled unseen, which destinations a CANCELLING run may still reach,
+// which webhook sources may reconcile UNKNOWN intents, and how to look an
+// intent up at its provider. It only parses and validates; it never acts.
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Policy is the parsed file. The zero Policy is valid: nothing passes
+// through unseen, no destination outlives ACTIVE, nothing reconciles by itself.
+type Policy struct {
+	// PassThrough hosts are tunnelled unseen: guarded at CONNECT, one intent per tunnel.
+	PassThrough []string `yaml:"pass_through"`
+	// Delivery hosts may still be reached while the run is CANCELLING.
+	Delivery []string `yaml:"delivery"`
+	// Webhooks name the sources that may resolve UNKNOWN intents by a signed POST.
+	Webhooks map[string]Webhook `yaml:"webhooks"`
+	// Lookups ask providers what happened to an UNKNOWN intent.
+	Lookups []Lookup `yaml:"lookups"`
+}
+
+// Webhook is one source's shared secret for HMAC-SHA256 signatures.
+type Webhook struct {
+	// Secret, or SecretEnv naming the environment variable that holds it.
+	Secret    string `yaml:"secret"`
+	SecretEnv string `yaml:"secret_env"`
+}
+
+// Lookup reconciles UNKNOWN intents whose target host matches Host.
+type Lookup struct {
+	Host string `yaml:"host"`
+	// URL is a template: {key} and {run} are replaced, path-escaped.
+	URL string `yaml:"url"`
+	// Headers are sent with the lookup; ${VAR} is read from the environment.
+	Headers    map[string]string `yaml:"headers"`
+	Applied    []int             `yaml:"applied"`
+	NotApplied []int             `yaml:"not_applied"`
+	// Interval is the first wait between tries, doubling up to MaxInterval.
+	Interval    Duration `yaml:"interval"`
+	MaxInterval Duration `yaml:"max_interval"`
+}
+
+// Duration reads "30s"-style durations.
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration like 30s: %w", n.Line, err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return fmt.Errorf("line %d: %q is not a positive duration like 30s", n.Line, s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// Load reads and validates the policy at path; "" is the zero policy.
+func Load(path string) (Policy, error) {
+	if path == "" {
+		return Policy{}, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Policy{}, fmt.Errorf("policy: %w", err)
+	}
+	p, err := Parse(b)
+	if err != nil {
+		return Policy{}, fmt.Errorf("policy %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Parse reads a policy document; unknown keys are errors, so a typo never
+// silently turns a rule off.
+func Parse(b []byte) (Policy, error) {
+	var p Policy
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&p); err != nil && !errors.Is(err, io.EOF) {
+		return Policy{}, err
+	}
+	return p, p.validate()
+}
+
+func (p *Policy) validate() error {
+	for field, hosts := range map[string][]string{"pass_through": p.PassThrough, "delivery": p.Delivery} {
+		for _, h := range hosts {
+			if h == "" || strings.ContainsAny(h, "/ ") {
+				return fmt.Errorf("%s: %q is not a host, host:port or *.domain", field, h)
+			}
+		}
+	}
+	for name, w := range p.Webhooks {
+		if name == "" {
+			return errors.New("webhooks: a source needs a name")
+		}
+		if (w.Secret == "") == (w.SecretEnv == "") {
+			return fmt.Errorf("webhooks.%s: give exactly one of secret and secret_env", name)
+		}
+		if w.SecretEnv != "" && os.Getenv(w.SecretEnv) == "" {
+			return fmt.Errorf("webhooks.%s: environment variable %s is empty", name, w.SecretEnv)
+		}
+	}
+	for i, l := range p.Lookups {
+		where := fmt.Sprintf("lookups[%d]", i)
+		if l.Host == "" {
+			return fmt.Errorf("%s: host is required", where)
+		}
+		u, err := url.Parse(strings.NewReplacer("{key}", "k", "{run}", "r").Replace(l.URL))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%s: url %q is not an http(s) URL template", where, l.URL)
+		}
+		if !strings.Contains(l.URL, "{key}") {
+			return fmt.Errorf("%s: url %q must contain {key}, the intent's idempotency key", where, l.URL)
+		}
+		if len(l.Applied) == 0 || len(l.NotApplied) == 0 {
+			return fmt.Errorf("%s: list the status codes that mean applied and not_applied", where)
+		}
+		for _, a := range l.Applied {
+			for _, n := range l.NotApplied {
+				if a == n {
+					return fmt.Errorf("%s: status %d cannot mean both applied and not applied", where, a)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Secret returns the webhook source's secret, or false if there is no such source.
+func (p Policy) Secret(source string) ([]byte, bool) {
+	w, ok := p.Webhooks[source]
+	if !ok {
+		return nil, false
+	}
+	if w.SecretEnv != "" {
+		return []byte(os.Getenv(w.SecretEnv)), true
+	}
+	return []byte(w.Secret), true
+}
+
+// HeaderValues expands ${VAR} in a lookup's headers from the environment.
+func (l Lookup) HeaderValues() map[string]string {
+	out := make(map[string]string, len(l.Headers))
+	for k, v := range l.Headers {
+		out[k] = os.Expand(v, os.Getenv)
+	}
+	return out
+}
+
+// LookupURL fills the template for one intent.
+func (l Lookup) LookupURL(run, key string) string {
+	return strings.NewReplacer("{key}", url.PathEscape(key), "{run}", url.PathEscape(run)).Replace(l.URL)
+}

@@ -1,0 +1,77 @@
+package policy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/policy"
+)
+
+func TestParseReadsEveryRule(t *testing.T) {
+	t.Setenv("HOOK_SECRET", "s3cret")
+	t.Setenv("PROVIDER_TOKEN", "tok")
+	p, err := policy.Parse([]byte(`
+pass_through: ["*.googleapis.com"]
+delivery: [hooks.example.com]
+webhooks:
+  stripe: {secret_env: HOOK_SECRET}
+  ops: {secret: plain}
+lookups:
+  - host: api.provider.test
+    url: https://api.provider.test/v1/idempotency/{key}?run={run}
+    headers: {Authorization: "Bearer ${PROVIDER_TOKEN}"}
+    applied: [200]
+    not_applied: [404]
+    interval: 2s
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := p.Secret("stripe"); !ok || string(s) != "s3cret" {
+		t.Fatalf("secret from env: %q %v", s, ok)
+	}
+	if s, ok := p.Secret("ops"); !ok || string(s) != "plain" {
+		t.Fatalf("inline secret: %q %v", s, ok)
+	}
+	if _, ok := p.Secret("nobody"); ok {
+		t.Fatal("an unconfigured source has a secret")
+	}
+	l := p.Lookups[0]
+	if got := l.LookupURL("run 1", "k/1"); got != "https://api.provider.test/v1/idempotency/k%2F1?run=run%201" {
+		t.Fatalf("lookup url %q", got)
+	}
+	if l.HeaderValues()["Authorization"] != "Bearer tok" || l.Interval.Duration != 2*time.Second {
+		t.Fatalf("lookup %+v", l)
+	}
+}
+
+func TestParseRejectsBadPolicies(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"pass_thru: [x]", "field pass_thru not found"},
+		{"delivery: [\"https://x/y\"]", "not a host"},
+		{"webhooks: {s: {}}", "exactly one of secret and secret_env"},
+		{"webhooks: {s: {secret_env: STOPGATE_TEST_UNSET_VAR}}", "is empty"},
+		{"lookups: [{host: a, url: 'ftp://a/{key}', applied: [200], not_applied: [404]}]", "not an http(s) URL"},
+		{"lookups: [{host: a, url: 'https://a/x', applied: [200], not_applied: [404]}]", "must contain {key}"},
+		{"lookups: [{host: a, url: 'https://a/{key}', applied: [200]}]", "applied and not_applied"},
+		{"lookups: [{host: a, url: 'https://a/{key}', applied: [200], not_applied: [200]}]", "both applied and not applied"},
+		{"lookups: [{host: a, url: 'https://a/{key}', applied: [200], not_applied: [404], interval: soon}]", "not a positive duration"},
+		{"[", "yaml"},
+	} {
+		_, err := policy.Parse([]byte(tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.doc, err, tc.want)
+		}
+	}
+}
+
+func TestEmptyPathIsTheZeroPolicy(t *testing.T) {
+	p, err := policy.Load("")
+	if err != nil || len(p.PassThrough)+len(p.Delivery)+len(p.Lookups)+len(p.Webhooks) != 0 {
+		t.Fatalf("got %+v %v", p, err)
+	}
+	if _, err := policy.Load("/nonexistent/stopgate.yaml"); err == nil {
+		t.Fatal("a missing file is not an error")
+	}
+}
