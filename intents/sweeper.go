@@ -46,13 +46,7 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 	if log == nil {
 		log = slog.Default()
 	}
-	timeout := s.StoreTimeout
-	if timeout <= 0 {
-		timeout = 2 * time.Second
-	}
-	lctx, cancel := context.WithTimeout(ctx, timeout)
-	runs, err := s.Store.LiveRuns(lctx)
-	cancel()
+	runs, err := storeCall(ctx, s.StoreTimeout, s.Store.LiveRuns)
 	if err != nil {
 		log.Warn("sweep: cannot list live runs", "err", err)
 		return
@@ -61,9 +55,7 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		tctx, cancel := context.WithTimeout(ctx, timeout)
-		_, err := s.Store.Tick(tctx, id, s.Actor)
-		cancel()
+		_, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) { return s.Store.Tick(ctx, id, s.Actor) })
 		if err != nil && !errors.Is(err, state.ErrNotFound) {
 			log.Warn("sweep: tick failed", "run", id, "err", err)
 		}

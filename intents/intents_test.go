@@ -1,0 +1,180 @@
+package intents_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/policy"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/filestore"
+)
+
+func newStore(t *testing.T) state.Store {
+	t.Helper()
+	s, err := filestore.Open(filepath.Join(t.TempDir(), "s.db"), filestore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestDerivedKeyIsStableAndDistinguishesEachPart(t *testing.T) {
+	base := intents.DerivedKey("r", "POST", "https://a/x", "sha256:1")
+	if base != intents.DerivedKey("r", "POST", "https://a/x", "sha256:1") {
+		t.Fatal("the same effect got two keys")
+	}
+	for _, other := range []string{
+		intents.DerivedKey("r2", "POST", "https://a/x", "sha256:1"),
+		intents.DerivedKey("r", "PUT", "https://a/x", "sha256:1"),
+		intents.DerivedKey("r", "POST", "https://a/y", "sha256:1"),
+		intents.DerivedKey("r", "POST", "https://a/x", "sha256:2"),
+		intents.DerivedKey("r", "POSThttps://a/x", "", "sha256:1"),
+	} {
+		if other == base {
+			t.Fatalf("different effects share key %s", base)
+		}
+	}
+	if err := state.ValidateKey(base); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1", LeaseTTL: 150 * time.Millisecond})
+	go l.Run(ctx)
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Begin(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP})
+	if err != nil || !res.Admitted || res.Intent.LeaseOwner != "p1" {
+		t.Fatalf("begin: %+v %v", res, err)
+	}
+	if len(l.Held()) != 1 {
+		t.Fatalf("held %v", l.Held())
+	}
+	time.Sleep(500 * time.Millisecond) // more than three TTLs
+	if _, err := s.Tick(ctx, "r", "t"); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := s.Intent(ctx, "r", "k"); in.State != state.IntentInFlight {
+		t.Fatalf("a renewed lease expired: %+v", in)
+	}
+	out, err := l.Finish(ctx, res.Intent, state.IntentResponded, 200, "")
+	if err != nil || out.State != state.IntentResponded || len(l.Held()) != 0 {
+		t.Fatalf("finish: %+v %v, held %v", out, err, l.Held())
+	}
+}
+
+func TestLedgerRefusesWhenStoreIsGone(t *testing.T) {
+	s := newStore(t)
+	l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1"})
+	_ = s.Close()
+	_, err := l.Begin(context.Background(), state.GuardRequest{RunID: "r", Key: "k", Boundary: state.BoundaryHTTP})
+	if err == nil || !strings.Contains(err.Error(), "guard") {
+		t.Fatalf("begin on a closed store: %v", err)
+	}
+}
+
+func TestSweeperExpiresDeadCarriersAndFinalizesCancels(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for _, run := range []string{"dead", "drained"} {
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A carrier that never renews: its lease runs out.
+	if _, err := s.Guard(ctx, state.GuardRequest{RunID: "dead", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "gone", LeaseTTL: 50 * time.Millisecond, Actor: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"dead", "drained"} {
+		if _, err := s.Cancel(ctx, state.CancelRequest{RunID: run, Actor: "op", DrainTimeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	sw := &intents.Sweeper{Store: s, Actor: "sweeper:test"}
+	sw.Sweep(ctx)
+	dead, _ := s.Get(ctx, "dead")
+	drained, _ := s.Get(ctx, "drained")
+	if dead.Status != state.StatusUnknown || drained.Status != state.StatusCancelled {
+		t.Fatalf("after a sweep: dead %s (want UNKNOWN), drained %s (want CANCELLED)", dead.Status, drained.Status)
+	}
+	if in, _ := s.Intent(ctx, "dead", "k"); in.Reason != "lease_expired" {
+		t.Fatalf("expired intent %+v", in)
+	}
+}
+
+func TestReconcilerResolvesFromProviderLookup(t *testing.T) {
+	var asked atomic.Int64
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			w.WriteHeader(401)
+			return
+		}
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/applied-key"):
+			w.WriteHeader(200)
+		case strings.HasSuffix(r.URL.Path, "/missing-key"):
+			w.WriteHeader(404)
+		default:
+			w.WriteHeader(503)
+		}
+	}))
+	defer provider.Close()
+	t.Setenv("LOOKUP_TOKEN", "tok")
+	pol, err := policy.Parse([]byte(`
+lookups:
+  - host: ` + strings.TrimPrefix(provider.URL, "http://") + `
+    url: ` + provider.URL + `/idem/{key}
+    headers: {Authorization: "Bearer ${LOOKUP_TOKEN}"}
+    applied: [200]
+    not_applied: [404]
+    interval: 1h
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"applied-key", "missing-key", "flaky-key"} {
+		res, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP, Method: "POST", Target: provider.URL + "/charge", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Finish(ctx, state.FinishRequest{RunID: "r", Key: key, Attempt: res.Intent.Attempts, Outcome: state.IntentUnknown, Reason: "timeout", Actor: "p"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &intents.Reconciler{Store: s, Lookups: pol.Lookups, Actor: "reconciler:test"}
+	rec.Pass(ctx)
+	for key, want := range map[string]state.IntentState{"applied-key": state.IntentApplied, "missing-key": state.IntentNotApplied, "flaky-key": state.IntentUnknown} {
+		in, _ := s.Intent(ctx, "r", key)
+		if in.State != want {
+			t.Errorf("%s: %s, want %s", key, in.State, want)
+		}
+		if want != state.IntentUnknown && (in.Source != "lookup" || !strings.Contains(in.Note, "answered")) {
+			t.Errorf("%s: resolution without its source and note: %+v", key, in)
+		}
+	}
+	before := asked.Load()
+	rec.Pass(ctx)
+	if asked.Load() != before {
+		t.Fatalf("the unanswered lookup was retried before its backoff (asked %d more times)", asked.Load()-before)
+	}
+}

@@ -1,0 +1,200 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stopgate/stopgate/policy"
+	"github.com/stopgate/stopgate/state"
+)
+
+// Reconciler asks providers what happened to UNKNOWN intents, through the
+// lookups of the policy: an answer that means applied or not applied
+// resolves the intent (source "lookup"); anything else is tried again with
+// backoff until it answers.
+type Reconciler struct {
+	Store   state.Store
+	Lookups []policy.Lookup
+	// Client makes the lookups; it should not go through the egress proxy.
+	Client       *http.Client
+	Interval     time.Duration
+	StoreTimeout time.Duration
+	Actor        string
+	Logger       *slog.Logger
+
+	mu    sync.Mutex
+	next  map[state.IntentRef]time.Time
+	waits map[state.IntentRef]time.Duration
+}
+
+// Run reconciles until ctx ends.
+func (r *Reconciler) Run(ctx context.Context) {
+	if len(r.Lookups) == 0 {
+		return
+	}
+	interval := r.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.Pass(ctx)
+		}
+	}
+}
+
+// Pass tries every UNKNOWN intent of every live run whose backoff has passed.
+func (r *Reconciler) Pass(ctx context.Context) {
+	log := r.logger()
+	runs, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]string, error) { return r.Store.LiveRuns(ctx) })
+	if err != nil {
+		log.Warn("reconcile: cannot list live runs", "err", err)
+		return
+	}
+	for _, run := range runs {
+		ins, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]state.Intent, error) { return r.Store.Intents(ctx, run) })
+		if err != nil {
+			log.Warn("reconcile: cannot list intents", "run", run, "err", err)
+			continue
+		}
+		for _, in := range ins {
+			if in.State != state.IntentUnknown {
+				continue
+			}
+			if l, ok := r.lookupFor(in); ok && r.due(in) {
+				r.try(ctx, l, in)
+			}
+		}
+	}
+}
+
+func (r *Reconciler) lookupFor(in state.Intent) (policy.Lookup, bool) {
+	u, err := url.Parse(in.Target)
+	host := in.Target
+	if err == nil && u.Host != "" {
+		host = u.Host
+	}
+	for _, l := range r.Lookups {
+		if strings.EqualFold(l.Host, host) || strings.EqualFold(l.Host, u.Hostname()) {
+			return l, true
+		}
+	}
+	return policy.Lookup{}, false
+}
+
+func (r *Reconciler) due(in state.Intent) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !time.Now().Before(r.next[state.IntentRef{RunID: in.RunID, Key: in.Key}])
+}
+
+func (r *Reconciler) backoff(in state.Intent, l policy.Lookup) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.next == nil {
+		r.next, r.waits = map[state.IntentRef]time.Time{}, map[state.IntentRef]time.Duration{}
+	}
+	ref := state.IntentRef{RunID: in.RunID, Key: in.Key}
+	wait := r.waits[ref] * 2
+	if wait == 0 {
+		wait = l.Interval.Duration
+		if wait == 0 {
+			wait = time.Second
+		}
+	}
+	if limit := l.MaxInterval.Duration; limit > 0 && wait > limit {
+		wait = limit
+	} else if limit == 0 && wait > time.Minute {
+		wait = time.Minute
+	}
+	r.waits[ref], r.next[ref] = wait, time.Now().Add(wait)
+}
+
+func (r *Reconciler) try(ctx context.Context, l policy.Lookup, in state.Intent) {
+	log := r.logger()
+	target := l.LookupURL(in.RunID, in.Key)
+	status, err := r.ask(ctx, l, target)
+	var applied bool
+	switch {
+	case err != nil:
+		log.Info("reconcile: lookup did not answer; trying again later", "run", in.RunID, "intent", in.Key, "url", target, "err", err)
+		r.backoff(in, l)
+		return
+	case slices.Contains(l.Applied, status):
+		applied = true
+	case slices.Contains(l.NotApplied, status):
+	default:
+		log.Info("reconcile: lookup answered neither applied nor not applied; trying again later", "run", in.RunID, "intent", in.Key, "status", status)
+		r.backoff(in, l)
+		return
+	}
+	_, err = storeCall(ctx, r.StoreTimeout, func(ctx context.Context) (state.Intent, error) {
+		return r.Store.Resolve(ctx, state.ResolveRequest{
+			RunID: in.RunID, Key: in.Key, Applied: applied, Source: "lookup",
+			Note: fmt.Sprintf("GET %s answered %d", target, status), Actor: r.Actor,
+		})
+	})
+	if err != nil {
+		log.Warn("reconcile: resolution not recorded", "run", in.RunID, "intent", in.Key, "err", err)
+		r.backoff(in, l)
+		return
+	}
+	r.mu.Lock()
+	delete(r.next, state.IntentRef{RunID: in.RunID, Key: in.Key})
+	delete(r.waits, state.IntentRef{RunID: in.RunID, Key: in.Key})
+	r.mu.Unlock()
+}
+
+func (r *Reconciler) ask(ctx context.Context, l policy.Lookup, target string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range l.HeaderValues() {
+		req.Header.Set(k, v)
+	}
+	client := r.Client
+	if client == nil {
+		client = &http.Client{Transport: &http.Transport{Proxy: nil}}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func (r *Reconciler) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.Default()
+	}
+	return r.Logger
+}
+
+// storeCall bounds one store call, so a slow store delays reconciliation
+// instead of stalling it.
+func storeCall[T any](ctx context.Context, timeout time.Duration, f func(context.Context) (T, error)) (T, error) {
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return f(ctx)
+}
