@@ -1,0 +1,196 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// runID reads and checks the {run} path segment before any store call, so
+// a bad id gets the same 400 whichever store is behind the API.
+func runID(r *http.Request) (string, error) {
+	id := r.PathValue("run")
+	if err := state.ValidateRunID(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// admit answers 201 when the run is new, 200 when it was already ACTIVE.
+func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
+	var body AdmitRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	req := state.AdmitRequest{RunID: body.RunID, Actor: actor, Reason: body.Reason}
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	// The store's Admit does not say whether it created the row; a read
+	// before it does, for the status code only. Two admits racing on a new
+	// id may both answer 201; the row is the same either way.
+	_, err := h.store.Get(r.Context(), req.RunID)
+	existed := err == nil
+	if err != nil && !errors.Is(err, state.ErrNotFound) {
+		return 0, nil, fmt.Errorf("read run %s: %w", req.RunID, err)
+	}
+	run, err := h.store.Admit(r.Context(), req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("admit run %s: %w", req.RunID, err)
+	}
+	if existed {
+		return http.StatusOK, normRun(run), nil
+	}
+	h.log.Info("run admitted", "run", run.ID, "actor", actor)
+	return http.StatusCreated, normRun(run), nil
+}
+
+func (h *Handler) list(r *http.Request, _ string) (int, any, error) {
+	var status state.Status
+	if s := r.URL.Query().Get("status"); s != "" {
+		var err error
+		if status, err = state.ParseStatus(s); err != nil {
+			return 0, nil, err
+		}
+	}
+	runs, err := h.store.List(r.Context(), status)
+	if err != nil {
+		return 0, nil, fmt.Errorf("list runs: %w", err)
+	}
+	out := RunList{Runs: make([]state.Run, 0, len(runs))}
+	for _, run := range runs {
+		out.Runs = append(out.Runs, normRun(run))
+	}
+	return http.StatusOK, out, nil
+}
+
+func (h *Handler) get(r *http.Request, _ string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	run, err := h.store.Get(r.Context(), id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read run %s: %w", id, err)
+	}
+	return http.StatusOK, normRun(run), nil
+}
+
+// cancel answers 202: the cancel has committed, but the run drains (and a
+// finalizer moves it on) after the answer.
+func (h *Handler) cancel(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body CancelRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	drain := h.drain
+	if body.DrainTimeout != nil {
+		drain = time.Duration(*body.DrainTimeout)
+	}
+	req := state.CancelRequest{RunID: id, Actor: actor, Reason: body.Reason, DrainTimeout: drain}
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	res, err := h.store.Cancel(r.Context(), req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("cancel run %s: %w", id, err)
+	}
+	if res.Changed {
+		h.log.Info("run cancelled", "run", id, "status", res.Run.Status, "cancel_version", res.Run.CancelVersion,
+			"drain_timeout", drain, "actor", actor, "reason", req.Reason)
+	}
+	return http.StatusAccepted, CancelResponse{Run: normRun(res.Run), Changed: res.Changed}, nil
+}
+
+func (h *Handler) complete(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body CompleteRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	req := state.CompleteRequest{RunID: id, Version: body.CancelVersion, Actor: actor, Reason: body.Reason}
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	run, err := h.store.Complete(r.Context(), req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("complete run %s: %w", id, err)
+	}
+	h.log.Info("run completed", "run", id, "cancel_version", run.CancelVersion, "actor", actor)
+	return http.StatusOK, normRun(run), nil
+}
+
+func (h *Handler) events(r *http.Request, _ string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	events, err := h.store.Events(r.Context(), id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read events of run %s: %w", id, err)
+	}
+	return http.StatusOK, EventList{Events: nonNil(events)}, nil
+}
+
+func (h *Handler) intents(r *http.Request, _ string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	intents, err := h.store.Intents(r.Context(), id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read intents of run %s: %w", id, err)
+	}
+	return http.StatusOK, IntentList{Intents: nonNil(intents)}, nil
+}
+
+// audit reads the row, then the intents, then the events: three reads, not
+// one snapshot. Read in this order, everything the row counts is in the
+// lists (the lists may hold a little more, never less).
+func (h *Handler) audit(r *http.Request, _ string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	ctx := r.Context()
+	run, err := h.store.Get(ctx, id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read run %s: %w", id, err)
+	}
+	intents, err := h.store.Intents(ctx, id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read intents of run %s: %w", id, err)
+	}
+	events, err := h.store.Events(ctx, id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read events of run %s: %w", id, err)
+	}
+	return http.StatusOK, Audit{Run: normRun(run), Intents: nonNil(intents), Events: nonNil(events)}, nil
+}
+
+// normRun makes a row without intents print "intents":{} rather than null,
+// so programs can index the counts without a nil check.
+func normRun(r state.Run) state.Run {
+	if r.Intents == nil {
+		r.Intents = map[state.IntentState]int{}
+	}
+	return r
+}
+
+// nonNil makes empty lists print [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
