@@ -1,0 +1,251 @@
+// Package client calls the control API (package control) over HTTP for the
+// stopgate CLI and for programs that drive runs. Each call returns the
+// decoded value and the API's JSON byte for byte, so a caller can print
+// exactly what the server said; a non-2xx answer is an *APIError carrying
+// the server's code and message.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/state"
+)
+
+// DefaultTimeout bounds one call when Options.HTTPClient is nil.
+const DefaultTimeout = 30 * time.Second
+
+// maxReplyBytes bounds what the client reads of one answer; an audit of a
+// very busy run is the largest thing the API sends.
+const maxReplyBytes = 64 << 20
+
+// Options configure a Client.
+type Options struct {
+	// Token is sent as Authorization: Bearer when set.
+	Token string
+	// Actor is sent as X-Stopgate-Actor, for the audit log; empty lets the
+	// server record "api".
+	Actor string
+	// HTTPClient carries the calls; nil uses one with DefaultTimeout.
+	HTTPClient *http.Client
+}
+
+// Client calls one control API.
+type Client struct {
+	base  *url.URL
+	token string
+	actor string
+	hc    *http.Client
+}
+
+// New checks baseURL (http or https, with a host) and returns a client.
+func New(baseURL string, opts Options) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("control URL %q: %w", baseURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("control URL %q: want http:// or https://", baseURL)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("control URL %q has no host", baseURL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("control URL %q: want no query or fragment", baseURL)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: DefaultTimeout}
+	}
+	return &Client{base: u, token: opts.Token, actor: opts.Actor, hc: hc}, nil
+}
+
+// Reply is a decoded answer with the bytes it came from.
+type Reply[T any] struct {
+	Value T
+	// StatusCode tells apart, for an admit, 201 (created) from 200 (was
+	// already ACTIVE).
+	StatusCode int
+	// Body is the API's JSON as sent.
+	Body json.RawMessage
+}
+
+// APIError is an answer that is not a success.
+type APIError struct {
+	StatusCode int
+	// Code is the API's error code (control.Code* or a conflict code).
+	Code string
+	// Message is the API's explanation, or a description of an answer that
+	// was not the API's JSON (a proxy in the way, say).
+	Message string
+	// Run is the row that refused a transition, on a 409.
+	Run *state.Run
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// Admit creates the run ACTIVE at version 1, or returns it if it already
+// is ACTIVE (StatusCode 200 rather than 201).
+func (c *Client) Admit(ctx context.Context, runID string) (Reply[state.Run], error) {
+	return call[state.Run](ctx, c, http.MethodPost, "/v1/runs", nil, control.AdmitRequest{RunID: runID})
+}
+
+// CancelOptions are the optional parts of a cancel.
+type CancelOptions struct {
+	Reason string
+	// Drain, when set, overrides the server's default drain timeout.
+	Drain *time.Duration
+}
+
+// Cancel moves the run to CANCELLING (or writes a tombstone for an unseen
+// run); Value.Changed is false when it was already past ACTIVE.
+func (c *Client) Cancel(ctx context.Context, runID string, opts CancelOptions) (Reply[control.CancelResponse], error) {
+	body := control.CancelRequest{Reason: opts.Reason}
+	if opts.Drain != nil {
+		d := control.Duration(*opts.Drain)
+		body.DrainTimeout = &d
+	}
+	return call[control.CancelResponse](ctx, c, http.MethodPost, runPath(runID, "cancel"), nil, body)
+}
+
+// Complete moves the run ACTIVE → COMPLETED if it is still at version.
+func (c *Client) Complete(ctx context.Context, runID string, version int64, reason string) (Reply[state.Run], error) {
+	return call[state.Run](ctx, c, http.MethodPost, runPath(runID, "complete"), nil, control.CompleteRequest{CancelVersion: version, Reason: reason})
+}
+
+// Run reads one row.
+func (c *Client) Run(ctx context.Context, runID string) (Reply[state.Run], error) {
+	return call[state.Run](ctx, c, http.MethodGet, runPath(runID, ""), nil, nil)
+}
+
+// Runs lists rows, all of them when status is empty.
+func (c *Client) Runs(ctx context.Context, status state.Status) (Reply[control.RunList], error) {
+	var q url.Values
+	if status != "" {
+		q = url.Values{"status": {string(status)}}
+	}
+	return call[control.RunList](ctx, c, http.MethodGet, "/v1/runs", q, nil)
+}
+
+// Intents lists the run's intents in creation order.
+func (c *Client) Intents(ctx context.Context, runID string) (Reply[control.IntentList], error) {
+	return call[control.IntentList](ctx, c, http.MethodGet, runPath(runID, "intents"), nil, nil)
+}
+
+// Events lists the run's audit log.
+func (c *Client) Events(ctx context.Context, runID string) (Reply[control.EventList], error) {
+	return call[control.EventList](ctx, c, http.MethodGet, runPath(runID, "events"), nil, nil)
+}
+
+// Audit reads the row, its intents and its events.
+func (c *Client) Audit(ctx context.Context, runID string) (Reply[control.Audit], error) {
+	return call[control.Audit](ctx, c, http.MethodGet, runPath(runID, "audit"), nil, nil)
+}
+
+func runPath(runID, tail string) string {
+	p := "/v1/runs/" + url.PathEscape(runID)
+	if tail != "" {
+		p += "/" + tail
+	}
+	return p
+}
+
+func call[T any](ctx context.Context, c *Client, method, path string, query url.Values, body any) (Reply[T], error) {
+	var reply Reply[T]
+	raw, status, err := c.do(ctx, method, path, query, body)
+	if err != nil {
+		return reply, err
+	}
+	reply.StatusCode, reply.Body = status, raw
+	if err := json.Unmarshal(raw, &reply.Value); err != nil {
+		return reply, fmt.Errorf("%s %s: answer %d is not the expected JSON: %w", method, path, status, err)
+	}
+	return reply, nil
+}
+
+// do sends one request and returns a 2xx body, or an error: *APIError for
+// an answer, a wrapped transport error otherwise.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (json.RawMessage, int, error) {
+	// path is already escaped (runPath), and the base has no query, so
+	// joining strings keeps a run id's escapes as they are.
+	target := c.base.String() + path
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, 0, fmt.Errorf("encode %s %s: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.actor != "" {
+		req.Header.Set(control.ActorHeader, c.actor)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cannot reach the control API at %s: %w", c.base.Redacted(), unwrapURLError(err))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes+1))
+	if err != nil {
+		return nil, resp.StatusCode, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if len(raw) > maxReplyBytes {
+		return nil, resp.StatusCode, fmt.Errorf("%s %s: answer is larger than %d bytes", method, path, maxReplyBytes)
+	}
+	if resp.StatusCode/100 == 2 {
+		return bytes.TrimSpace(raw), resp.StatusCode, nil
+	}
+	return nil, resp.StatusCode, apiError(resp, raw)
+}
+
+func apiError(resp *http.Response, raw []byte) error {
+	var body control.Error
+	if err := json.Unmarshal(raw, &body); err == nil && body.Code != "" {
+		return &APIError{StatusCode: resp.StatusCode, Code: body.Code, Message: body.Message, Run: body.Run}
+	}
+	// Not the API's JSON: something else answered (a proxy, another server
+	// on the port). Say what, with the start of the body.
+	snippet := strings.TrimSpace(string(raw))
+	if len(snippet) > 200 {
+		snippet = snippet[:200] + "..."
+	}
+	msg := fmt.Sprintf("control API answered %s", resp.Status)
+	if snippet != "" {
+		msg += ": " + snippet
+	}
+	return &APIError{StatusCode: resp.StatusCode, Message: msg}
+}
+
+// unwrapURLError drops *url.Error's "Post \"http://...\":" prefix, which
+// repeats what the caller's message already says.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
