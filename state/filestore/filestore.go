@@ -1,0 +1,368 @@
+// Package filestore is the embedded state.Store: one bbolt file on local
+// disk, for a single machine with no server to run.
+//
+// Every operation is one bbolt transaction, and every committed write
+// transaction is fsynced before it returns, so a cancel that has been
+// acknowledged survives kill -9 and power loss. bbolt takes an exclusive
+// flock on the file: a second process opening the same data file fails
+// fast instead of corrupting it.
+//
+// Layout (all keys and values are bytes; rows and records are JSON):
+//
+//	meta              "format" → "1"
+//	runs              run id → state.Run (with its intent counts)
+//	status            "<STATUS>/<run id>" → "" (List and LiveRuns without a full scan)
+//	run/<run id>/
+//	    intents       key → intent record
+//	    order         sequence (big endian) → key, creation order
+//	    pending       sequence → key, for intents IN_FLIGHT or SCHEDULED only
+//	    seq           derived key base → dispatch count (big endian)
+//	    events        sequence → state.Event, commit order
+package filestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// DefaultTimeout is how long Open waits for another process to release the
+// data file before giving up.
+const DefaultTimeout = time.Second
+
+// formatVersion is written into every new file so that a later, different
+// layout can refuse (or migrate) an old file instead of misreading it.
+const formatVersion = "1"
+
+// subscriberBuffer is how many cancels a slow subscriber may fall behind
+// before broadcasts to it are dropped. Dropping is safe: subscribers
+// re-check rows periodically, so a lost message costs latency only.
+const subscriberBuffer = 64
+
+// Options configure Open.
+type Options struct {
+	// Logger receives the store's few log lines; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the store's clock; nil means time.Now. The store keeps times in
+	// milliseconds, UTC, as the Redis store does.
+	Now func() time.Time
+	// Timeout bounds the wait for the file lock; 0 means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Store is the embedded state.Store. It is safe for concurrent use.
+type Store struct {
+	db   *bolt.DB
+	path string
+	log  *slog.Logger
+	now  func() time.Time
+
+	// last is the latest time handed to a write transaction. Writes are
+	// serialized by bbolt, so only code inside db.Update touches it.
+	last time.Time
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[chan string]func() bool // subscriber → stops its context watch
+}
+
+var _ state.Store = (*Store)(nil)
+
+// Open opens the data file at path, creating it (0600) and its directory
+// (0700) when missing.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	_, err := os.Stat(path)
+	created := errors.Is(err, os.ErrNotExist)
+	existing := filepath.Dir(path)
+	for created && existing != filepath.Dir(existing) {
+		if _, err := os.Stat(existing); err == nil {
+			break
+		}
+		existing = filepath.Dir(existing)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("filestore: creating the directory of data file %s: %w", path, err)
+	}
+	db, err := openBolt(path, opts.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		// bbolt fsyncs the file, not the directory entries that name it: a
+		// cancel acknowledged just after the first start must not vanish
+		// with a directory entry lost in a power cut.
+		if err := syncDirs(filepath.Dir(path), existing); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("filestore: creating data file %s: %w", path, err)
+		}
+	}
+	s := &Store{
+		db:   db,
+		path: path,
+		log:  opts.Logger.With("store", "file", "path", path),
+		now:  opts.Now,
+		subs: make(map[chan string]func() bool),
+	}
+	return s, nil
+}
+
+// syncDirs fsyncs dir and each parent up to and including top.
+func syncDirs(dir, top string) error {
+	for {
+		d, err := os.Open(dir)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		_ = d.Close()
+		if err != nil {
+			return fmt.Errorf("syncing directory %s: %w", dir, err)
+		}
+		if dir == top || dir == filepath.Dir(dir) {
+			return nil
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+func openBolt(path string, timeout time.Duration) (db *bolt.DB, err error) {
+	if err := checkTruncated(path); err != nil {
+		return nil, err
+	}
+	// bbolt trusts the pages it maps: a damaged file can still fault
+	// (SIGBUS) or panic inside Open. That must end in an error that names
+	// the file, not in a crash of the whole server. The mapping a fault
+	// leaves behind keeps the file locked in this process, which is about
+	// to exit on the error anyway.
+	var file *os.File // only while Open runs: a fault leaves no *bolt.DB to close
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if file != nil {
+				_ = file.Close()
+			}
+			db, err = nil, fmt.Errorf("filestore: data file %s is corrupt or truncated (reading it failed: %v)", path, p)
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: timeout,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
+	})
+	switch {
+	case err == nil:
+		if err := initialize(db, path); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		return db, nil
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("filestore: data file %s is in use by another stopgate process (no lock within %s); stop it or use another data dir: %w", path, timeout, err)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
+		return nil, fmt.Errorf("filestore: data file %s is corrupt or not a stopgate store: %w", path, err)
+	default:
+		return nil, fmt.Errorf("filestore: opening data file %s: %w", path, err)
+	}
+}
+
+func initialize(db *bolt.DB, path string) error {
+	err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists([]byte(bucketMeta))
+		if err != nil {
+			return err
+		}
+		switch v := meta.Get([]byte(keyFormat)); {
+		case v == nil:
+			if err := meta.Put([]byte(keyFormat), []byte(formatVersion)); err != nil {
+				return err
+			}
+		case string(v) != formatVersion:
+			return fmt.Errorf("format %q, this stopgate reads format %s", v, formatVersion)
+		}
+		for _, name := range []string{bucketRuns, bucketStatus, bucketRun} {
+			if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("filestore: preparing data file %s: %w", path, err)
+	}
+	return nil
+}
+
+// Path returns the data file's path.
+func (s *Store) Path() string { return s.path }
+
+// Close ends every Cancels subscription and closes the file. Calls after
+// the first return nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for ch, stop := range s.subs {
+		stop()
+		close(ch)
+		delete(s.subs, ch)
+	}
+	s.mu.Unlock()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("filestore: closing data file %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// Ping reports whether the file still answers a read transaction.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.view(ctx, "ping", func(tx *bolt.Tx) error {
+		if tx.Bucket([]byte(bucketRuns)) == nil {
+			return fmt.Errorf("%w: data file %s has no runs bucket", state.ErrUnavailable, s.path)
+		}
+		return nil
+	})
+}
+
+// Backup writes a consistent copy of the whole data file to w while the
+// store keeps serving (a bbolt read transaction: writers are not blocked).
+// The copy is itself a data file that Open accepts.
+func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	var n int64
+	err := s.view(ctx, "backup", func(tx *bolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(w)
+		if err != nil {
+			return fmt.Errorf("%w: writing backup of %s: %w", state.ErrUnavailable, s.path, err)
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Cancels delivers the id of every run whose cancel commits in this
+// process, until ctx ends or the store closes. Only one process can hold
+// the file, so every cancel of this store is seen here.
+func (s *Store) Cancels(ctx context.Context) (<-chan string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("filestore: cancels: %w: %w", state.ErrUnavailable, err)
+	}
+	ch := make(chan string, subscriberBuffer)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("filestore: cancels: %w: data file %s is closed", state.ErrUnavailable, s.path)
+	}
+	s.subs[ch] = context.AfterFunc(ctx, func() { s.unsubscribe(ch) })
+	return ch, nil
+}
+
+func (s *Store) unsubscribe(ch chan string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.subs[ch]; ok {
+		delete(s.subs, ch)
+		close(ch)
+	}
+}
+
+// publish runs after the cancel's transaction committed, never inside it:
+// a subscriber must not hear of a cancel that could still roll back, and
+// the single writer must not wait on anyone's channel.
+func (s *Store) publish(runID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- runID:
+		default:
+			s.log.Warn("cancel broadcast dropped: subscriber is not keeping up; it will see the cancel on its next re-check", "run_id", runID)
+		}
+	}
+}
+
+// errNoChange rolls back a write transaction that wrote nothing, so that a
+// no-op (an idempotent admit, a tick with nothing to do) costs no fsync.
+var errNoChange = errors.New("filestore: nothing to commit")
+
+// update runs fn in one write transaction. Errors fn returns (conflicts,
+// not found) pass through as they are; failures of the file itself wrap
+// state.ErrUnavailable.
+func (s *Store) update(ctx context.Context, op string, fn func(t *txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("filestore: %s: %w: %w", op, state.ErrUnavailable, err)
+	}
+	var fnErr error
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		now := s.now().UTC().Truncate(time.Millisecond)
+		// The audit log must read in order even if the wall clock steps
+		// back between two commits.
+		if now.Before(s.last) {
+			now = s.last
+		}
+		t := &txn{tx: tx, now: now}
+		fnErr = fn(t)
+		if fnErr == nil && !t.wrote {
+			fnErr = errNoChange
+		}
+		if fnErr != nil {
+			return fnErr
+		}
+		s.last = now
+		return nil
+	})
+	switch {
+	case errors.Is(fnErr, errNoChange):
+		return nil
+	case fnErr != nil:
+		return fnErr
+	case err != nil:
+		return fmt.Errorf("filestore: %s: %w: data file %s: %w", op, state.ErrUnavailable, s.path, err)
+	}
+	return nil
+}
+
+// view runs fn in one read transaction, with update's error rules.
+func (s *Store) view(ctx context.Context, op string, fn func(tx *bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("filestore: %s: %w: %w", op, state.ErrUnavailable, err)
+	}
+	var fnErr error
+	err := s.db.View(func(tx *bolt.Tx) error {
+		fnErr = fn(tx)
+		return fnErr
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case err != nil:
+		return fmt.Errorf("filestore: %s: %w: data file %s: %w", op, state.ErrUnavailable, s.path, err)
+	}
+	return nil
+}

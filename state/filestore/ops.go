@@ -1,0 +1,648 @@
+package filestore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// The rules each method applies are docs/state-machine.md, row by row.
+
+// Admit creates the run ACTIVE at version 1, or returns an ACTIVE row as it is.
+func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	var out state.Run
+	err := s.update(ctx, "admit", func(t *txn) error {
+		r, found, err := t.run(req.RunID)
+		if err != nil {
+			return err
+		}
+		if found {
+			if r.row.Status != state.StatusActive {
+				return r.conflict(state.RefusalRunNotActive, nil, "only an unseen run can be admitted")
+			}
+			out = r.row
+			return nil
+		}
+		if r, err = t.admit(req.RunID, req.Actor, req.Reason); err != nil {
+			return err
+		}
+		if err := r.save(); err != nil {
+			return err
+		}
+		out = r.row
+		return nil
+	})
+	return out, err
+}
+
+// Cancel is the compare-and-set ACTIVE → CANCELLING, or a tombstone for an
+// unseen run. Subscribers hear of it only after it has committed.
+func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.CancelResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.CancelResult{}, err
+	}
+	var out state.CancelResult
+	err := s.update(ctx, "cancel", func(t *txn) error {
+		r, found, err := t.run(req.RunID)
+		if err != nil {
+			return err
+		}
+		if !found {
+			// A tombstone: a run cancelled before anyone admitted it must
+			// never be admitted later.
+			if r, err = t.createRun(req.RunID, state.StatusCancelled, 2); err != nil {
+				return err
+			}
+			r.row.Reason = req.Reason
+			r.row.CancelledAt = t.now
+			if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason, To: string(state.StatusCancelled)}); err != nil {
+				return err
+			}
+			if err := r.save(); err != nil {
+				return err
+			}
+			out = state.CancelResult{Run: r.row, Changed: true}
+			return nil
+		}
+		switch r.row.Status {
+		case state.StatusActive:
+		case state.StatusCompleted:
+			return r.conflict(state.RefusalRunNotActive, nil, "a completed run cannot be cancelled")
+		default:
+			out = state.CancelResult{Run: r.row}
+			return nil
+		}
+		r.row.Status = state.StatusCancelling
+		r.row.CancelVersion++
+		r.row.Reason = req.Reason
+		r.row.CancelledAt = t.now
+		r.row.DrainDeadline = t.now.Add(req.DrainTimeout).Truncate(time.Millisecond)
+		r.row.UpdatedAt = t.now
+		r.dirty = true
+		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason,
+			From: string(state.StatusActive), To: string(state.StatusCancelling)}); err != nil {
+			return err
+		}
+		err = r.eachPending(state.IntentScheduled, func(rec *intentRecord) error {
+			rec.State = state.IntentRevoked
+			rec.Reason = reasonRunCancelled
+			rec.UpdatedAt = t.now
+			if err := r.putIntent(rec, state.IntentScheduled); err != nil {
+				return err
+			}
+			return r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRevoked, Intent: rec.Key,
+				From: string(state.IntentScheduled), To: string(state.IntentRevoked), Reason: reasonRunCancelled})
+		})
+		if err != nil {
+			return err
+		}
+		if err := r.save(); err != nil {
+			return err
+		}
+		out = state.CancelResult{Run: r.row, Changed: true}
+		return nil
+	})
+	if err != nil {
+		return state.CancelResult{}, err
+	}
+	if out.Changed {
+		s.publish(req.RunID)
+	}
+	return out, nil
+}
+
+// Complete moves ACTIVE → COMPLETED at the version the caller observed.
+func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	var out state.Run
+	err := s.update(ctx, "complete", func(t *txn) error {
+		r, found, err := t.run(req.RunID)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("complete run %s: %w", req.RunID, state.ErrNotFound)
+		}
+		if r.row.Status != state.StatusActive {
+			return r.conflict(state.RefusalRunNotActive, nil, "only an ACTIVE run can complete")
+		}
+		if r.row.CancelVersion != req.Version {
+			return r.conflict(state.RefusalStaleVersion, nil, fmt.Sprintf("completion observed cancel_version %d", req.Version))
+		}
+		r.row.Status = state.StatusCompleted
+		r.row.Reason = req.Reason
+		r.row.UpdatedAt = t.now
+		r.dirty = true
+		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCompleted, Reason: req.Reason,
+			From: string(state.StatusActive), To: string(state.StatusCompleted)}); err != nil {
+			return err
+		}
+		if err := r.save(); err != nil {
+			return err
+		}
+		out = r.row
+		return nil
+	})
+	return out, err
+}
+
+// Get returns the row, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, runID string) (state.Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Run{}, err
+	}
+	var out state.Run
+	err := s.view(ctx, "get", func(tx *bolt.Tx) error {
+		row, _, found, err := loadRun(tx, runID)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
+		}
+		out = row
+		return nil
+	})
+	return out, err
+}
+
+// List returns rows ordered by run id; status "" lists all.
+func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, error) {
+	if status != "" && !slices.Contains(state.Statuses, status) {
+		return nil, fmt.Errorf("%w: unknown run status %q", state.ErrInvalid, status)
+	}
+	var out []state.Run
+	err := s.view(ctx, "list", func(tx *bolt.Tx) error {
+		if status == "" {
+			return tx.Bucket([]byte(bucketRuns)).ForEach(func(k, _ []byte) error {
+				row, _, _, err := loadRun(tx, string(k))
+				out = append(out, row)
+				return err
+			})
+		}
+		ids := idsWithStatus(tx, status)
+		for _, id := range ids {
+			row, _, found, err := loadRun(tx, id)
+			if err != nil {
+				return err
+			}
+			if !found {
+				return storeErr("status index names missing run %s", id)
+			}
+			out = append(out, row)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// LiveRuns lists the ids of runs that are not final.
+func (s *Store) LiveRuns(ctx context.Context) ([]string, error) {
+	var out []string
+	err := s.view(ctx, "live runs", func(tx *bolt.Tx) error {
+		for _, st := range []state.Status{state.StatusActive, state.StatusCancelling, state.StatusUnknown} {
+			out = append(out, idsWithStatus(tx, st)...)
+		}
+		return nil
+	})
+	slices.Sort(out)
+	return out, err
+}
+
+func idsWithStatus(tx *bolt.Tx, status state.Status) []string {
+	var ids []string
+	prefix := statusKey(status, "")
+	c := tx.Bucket([]byte(bucketStatus)).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
+		ids = append(ids, string(k[len(prefix):]))
+	}
+	return ids
+}
+
+// Guard checks the run and records the effect in one transaction.
+func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.GuardResult{}, err
+	}
+	var out state.GuardResult
+	err := s.update(ctx, "guard", func(t *txn) error {
+		r, found, err := t.run(req.RunID)
+		if err != nil {
+			return err
+		}
+		if !found {
+			if !req.AutoAdmit {
+				// Nothing is recorded for a run nobody admitted, so there
+				// is no intent to return either.
+				out = state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}
+				return nil
+			}
+			if r, err = t.admit(req.RunID, req.Actor, reasonAutoAdmit); err != nil {
+				return err
+			}
+		}
+		if out, err = r.guard(req); err != nil {
+			return err
+		}
+		if err := r.save(); err != nil {
+			return err
+		}
+		out.Run = r.row
+		return nil
+	})
+	if err != nil {
+		return state.GuardResult{}, err
+	}
+	return out, nil
+}
+
+func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
+	now := r.t.now
+	key := req.Key
+	if !req.ExplicitKey {
+		var err error
+		if key, err = r.deriveKey(req.Key); err != nil {
+			return state.GuardResult{}, err
+		}
+	}
+	rec, exists, err := r.intent(key)
+	if err != nil {
+		return state.GuardResult{}, err
+	}
+
+	refused := func(refusal string, to state.IntentState) (state.GuardResult, error) {
+		err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: key, To: string(to), Reason: refusal})
+		return state.GuardResult{Refusal: refusal, Run: r.row, Intent: rec.Intent}, err
+	}
+
+	run := r.row
+	allowed := run.Status == state.StatusActive && (req.ObservedVersion == 0 || req.ObservedVersion == run.CancelVersion) ||
+		req.AllowCancelling && run.Status == state.StatusCancelling && req.NotBefore.IsZero()
+	if !allowed {
+		refusal := state.RefusalRunNotActive
+		if run.Status == state.StatusActive {
+			refusal = state.RefusalStaleVersion
+		}
+		from := state.IntentState("")
+		if exists {
+			// What happened under this key stays recorded.
+			from = rec.State
+			rec.Refusals++
+			rec.UpdatedAt = now
+		} else {
+			rec = &intentRecord{Intent: state.Intent{
+				RunID: req.RunID, Key: key, Boundary: req.Boundary, State: state.IntentCancelledBeforeDispatch,
+				Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
+				ObservedVersion: req.ObservedVersion, Reason: refusal, CreatedAt: now, UpdatedAt: now,
+			}}
+			if !req.NotBefore.IsZero() {
+				rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
+			}
+		}
+		if err := r.putIntent(rec, from); err != nil {
+			return state.GuardResult{}, err
+		}
+		return refused(refusal, state.IntentCancelledBeforeDispatch)
+	}
+
+	if exists {
+		// A duplicate of an effect under way, or a key reused for another
+		// body, leaves the record untouched, refusals included (statetest
+		// ExplicitKeyFollowsIdempotencyRules counts only refusals by the
+		// run); the event still records the attempt.
+		switch {
+		case rec.State == state.IntentInFlight || rec.State == state.IntentScheduled || rec.State == state.IntentUnknown:
+			return refused(state.RefusalInProgress, "")
+		case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
+			return refused(state.RefusalKeyReused, "")
+		}
+	} else {
+		rec = &intentRecord{Intent: state.Intent{RunID: req.RunID, Key: key, CreatedAt: now}}
+	}
+
+	from := rec.State
+	if !exists {
+		from = ""
+	}
+	rec.Boundary = req.Boundary
+	rec.Method = req.Method
+	rec.Target = req.Target
+	if req.BodyDigest != "" {
+		rec.BodyDigest = req.BodyDigest
+	}
+	rec.Attempts++
+	rec.ObservedVersion = req.ObservedVersion
+	rec.StatusCode = 0
+	rec.Reason = ""
+	rec.UpdatedAt = now
+	if req.NotBefore.IsZero() {
+		rec.State = state.IntentInFlight
+		rec.LeaseOwner = req.LeaseOwner
+		rec.LeaseExpires = now.Add(req.LeaseTTL).Truncate(time.Millisecond)
+		rec.NotBefore = time.Time{}
+	} else {
+		rec.State = state.IntentScheduled
+		rec.LeaseOwner = ""
+		rec.LeaseExpires = time.Time{}
+		rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
+	}
+	if err := r.putIntent(rec, from); err != nil {
+		return state.GuardResult{}, err
+	}
+	err = r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentAdmitted, Intent: key, From: string(from), To: string(rec.State)})
+	return state.GuardResult{Admitted: true, Run: r.row, Intent: rec.Intent}, err
+}
+
+// Finish records what happened to an IN_FLIGHT intent (or a late answer
+// for one a deadline turned UNKNOWN), then finalizes the run.
+func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	var out state.Intent
+	err := s.update(ctx, "finish", func(t *txn) error {
+		r, rec, err := t.runIntent(req.RunID, req.Key)
+		if err != nil {
+			return err
+		}
+		from := rec.State
+		late := from == state.IntentUnknown && req.Outcome == state.IntentResponded
+		if from != state.IntentInFlight && !late {
+			return r.conflict(state.ConflictNotInFlight, rec, fmt.Sprintf("cannot record %s", req.Outcome))
+		}
+		if req.Attempt != rec.Attempts {
+			return r.conflict(state.ConflictStaleAttempt, rec, fmt.Sprintf("report for attempt %d, latest is %d", req.Attempt, rec.Attempts))
+		}
+		rec.State = req.Outcome
+		rec.StatusCode = req.StatusCode
+		rec.Reason = req.Reason
+		if late {
+			rec.Reason = reasonLateResponse
+		}
+		rec.LeaseOwner = ""
+		rec.LeaseExpires = time.Time{}
+		rec.UpdatedAt = t.now
+		if err := r.putIntent(rec, from); err != nil {
+			return err
+		}
+		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentOutcome, Intent: rec.Key,
+			From: string(from), To: string(rec.State), Reason: rec.Reason}); err != nil {
+			return err
+		}
+		if err := r.finalize(req.Actor); err != nil {
+			return err
+		}
+		out = rec.Intent
+		return r.save()
+	})
+	return out, err
+}
+
+// Resolve reconciles an UNKNOWN intent, then finalizes the run.
+func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	var out state.Intent
+	err := s.update(ctx, "resolve", func(t *txn) error {
+		r, rec, err := t.runIntent(req.RunID, req.Key)
+		if err != nil {
+			return err
+		}
+		if rec.State != state.IntentUnknown {
+			return r.conflict(state.ConflictNotUnknown, rec, "only an UNKNOWN intent can be reconciled")
+		}
+		rec.State = state.IntentNotApplied
+		if req.Applied {
+			rec.State = state.IntentApplied
+		}
+		rec.Source = req.Source
+		rec.Note = req.Note
+		rec.UpdatedAt = t.now
+		if err := r.putIntent(rec, state.IntentUnknown); err != nil {
+			return err
+		}
+		reason := req.Source
+		if req.Note != "" {
+			reason += ": " + req.Note
+		}
+		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentResolved, Intent: rec.Key,
+			From: string(state.IntentUnknown), To: string(rec.State), Reason: reason}); err != nil {
+			return err
+		}
+		if err := r.finalize(req.Actor); err != nil {
+			return err
+		}
+		out = rec.Intent
+		return r.save()
+	})
+	return out, err
+}
+
+func (t *txn) runIntent(runID, key string) (*runTx, *intentRecord, error) {
+	r, found, err := t.run(runID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
+	}
+	rec, found, err := r.intent(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		return nil, nil, fmt.Errorf("run %s intent %s: %w", runID, key, state.ErrNotFound)
+	}
+	return r, rec, nil
+}
+
+// Renew extends the leases owner holds; anything else named is skipped.
+func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs []state.IntentRef) error {
+	if len(owner) > state.MaxTextLen {
+		return fmt.Errorf("%w: lease owner is %d bytes, longer than %d", state.ErrInvalid, len(owner), state.MaxTextLen)
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("%w: lease TTL %s is not positive", state.ErrInvalid, ttl)
+	}
+	for _, ref := range refs {
+		if err := state.ValidateRunID(ref.RunID); err != nil {
+			return err
+		}
+		if err := state.ValidateKey(ref.Key); err != nil {
+			return err
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	return s.update(ctx, "renew", func(t *txn) error {
+		runs := map[string]*runTx{}
+		for _, ref := range refs {
+			r, ok := runs[ref.RunID]
+			if !ok {
+				var found bool
+				var err error
+				if r, found, err = t.run(ref.RunID); err != nil {
+					return err
+				}
+				if !found {
+					r = nil
+				}
+				runs[ref.RunID] = r
+			}
+			if r == nil {
+				continue
+			}
+			rec, found, err := r.intent(ref.Key)
+			if err != nil {
+				return err
+			}
+			if !found || rec.State != state.IntentInFlight || rec.LeaseOwner != owner {
+				continue
+			}
+			rec.LeaseExpires = t.now.Add(ttl).Truncate(time.Millisecond)
+			if err := r.putIntent(rec, rec.State); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Tick expires leases and moves a cancelled run on. Any number of
+// instances may tick the same run: each tick is one transaction, and one
+// that finds nothing to do writes nothing.
+func (s *Store) Tick(ctx context.Context, runID string, actor string) (state.Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Run{}, err
+	}
+	if len(actor) > state.MaxTextLen {
+		return state.Run{}, fmt.Errorf("%w: actor is %d bytes, longer than %d", state.ErrInvalid, len(actor), state.MaxTextLen)
+	}
+	var out state.Run
+	err := s.update(ctx, "tick", func(t *txn) error {
+		r, found, err := t.run(runID)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
+		}
+		switch r.row.Status {
+		case state.StatusActive:
+			err = r.expireLeases(actor)
+		case state.StatusCancelling, state.StatusUnknown:
+			if err = r.expireLeases(actor); err == nil {
+				err = r.finalize(actor)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.save(); err != nil {
+			return err
+		}
+		out = r.row
+		return nil
+	})
+	return out, err
+}
+
+// Intent returns one intent, or ErrNotFound.
+func (s *Store) Intent(ctx context.Context, runID, key string) (state.Intent, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Intent{}, err
+	}
+	if err := state.ValidateKey(key); err != nil {
+		return state.Intent{}, err
+	}
+	var out state.Intent
+	err := s.view(ctx, "intent", func(tx *bolt.Tx) error {
+		b, err := runBucket(tx, runID)
+		if err != nil {
+			return err
+		}
+		raw := b.Bucket([]byte(bucketIntents)).Get([]byte(key))
+		if raw == nil {
+			return fmt.Errorf("run %s intent %s: %w", runID, key, state.ErrNotFound)
+		}
+		var rec intentRecord
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			return storeErr("run %s: decoding intent %s: %w", runID, key, err)
+		}
+		out = rec.Intent
+		return nil
+	})
+	return out, err
+}
+
+// Intents returns the run's intents in creation order.
+func (s *Store) Intents(ctx context.Context, runID string) ([]state.Intent, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	var out []state.Intent
+	err := s.view(ctx, "intents", func(tx *bolt.Tx) error {
+		b, err := runBucket(tx, runID)
+		if err != nil {
+			return err
+		}
+		intents := b.Bucket([]byte(bucketIntents))
+		return b.Bucket([]byte(bucketOrder)).ForEach(func(_, key []byte) error {
+			raw := intents.Get(key)
+			if raw == nil {
+				return storeErr("run %s: order names missing intent %s", runID, key)
+			}
+			var rec intentRecord
+			if err := json.Unmarshal(raw, &rec); err != nil {
+				return storeErr("run %s: decoding intent %s: %w", runID, key, err)
+			}
+			out = append(out, rec.Intent)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Events returns the run's audit log in commit order.
+func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	var out []state.Event
+	err := s.view(ctx, "events", func(tx *bolt.Tx) error {
+		b, err := runBucket(tx, runID)
+		if err != nil {
+			return err
+		}
+		return b.Bucket([]byte(bucketEvents)).ForEach(func(k, raw []byte) error {
+			var e state.Event
+			if err := json.Unmarshal(raw, &e); err != nil {
+				return storeErr("run %s: decoding event %x: %w", runID, k, err)
+			}
+			out = append(out, e)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func runBucket(tx *bolt.Tx, runID string) (*bolt.Bucket, error) {
+	b := tx.Bucket([]byte(bucketRun)).Bucket([]byte(runID))
+	if b == nil {
+		return nil, fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
+	}
+	return b, nil
+}

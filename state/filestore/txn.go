@@ -1,0 +1,426 @@
+package filestore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// Bucket and key names; see the package comment for the layout.
+const (
+	bucketMeta    = "meta"
+	bucketRuns    = "runs"
+	bucketStatus  = "status"
+	bucketRun     = "run"
+	bucketIntents = "intents"
+	bucketOrder   = "order"
+	bucketPending = "pending"
+	bucketSeq     = "seq"
+	bucketEvents  = "events"
+	keyFormat     = "format"
+)
+
+// Status reasons and intent reasons from docs/state-machine.md.
+const (
+	reasonAutoAdmit    = "auto-admit"
+	reasonDrained      = "drained"
+	reasonUnresolved   = "unresolved_intents"
+	reasonDrainTimeout = "drain_timeout"
+	reasonReconciled   = "reconciled"
+	reasonLeaseExpired = "lease_expired"
+	reasonRunCancelled = "run_cancelled"
+	reasonLateResponse = "late_response"
+)
+
+// intentRecord is an intent as stored: Seq is its place in the creation
+// order, the key of its "order" and "pending" entries.
+type intentRecord struct {
+	state.Intent
+	Seq uint64 `json:"seq"`
+}
+
+// txn is one write transaction: the shared transition rules operate on it,
+// so each Store method is one call to Store.update.
+type txn struct {
+	tx  *bolt.Tx
+	now time.Time
+	// wrote is set by every write, so that a transaction that wrote
+	// nothing is rolled back instead of paying for a commit.
+	wrote bool
+}
+
+// runTx is one run's row and buckets inside a transaction.
+type runTx struct {
+	t      *txn
+	row    state.Run
+	b      *bolt.Bucket
+	stored state.Status // the status the index has for this run ("" if new)
+	// dirty means the row (fields or counts) must be saved. UpdatedAt is
+	// the time of the row's last transition, as in the Redis store: count
+	// changes alone do not move it (intents carry their own times).
+	dirty bool
+}
+
+func storeErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{state.ErrUnavailable}, args...)...)
+}
+
+func (t *txn) put(b *bolt.Bucket, k, v []byte) error {
+	t.wrote = true
+	if err := b.Put(k, v); err != nil {
+		return storeErr("writing %q: %w", k, err)
+	}
+	return nil
+}
+
+func (t *txn) del(b *bolt.Bucket, k []byte) error {
+	t.wrote = true
+	if err := b.Delete(k); err != nil {
+		return storeErr("deleting %q: %w", k, err)
+	}
+	return nil
+}
+
+func (t *txn) nextSeq(b *bolt.Bucket) (uint64, error) {
+	t.wrote = true
+	n, err := b.NextSequence()
+	if err != nil {
+		return 0, storeErr("next sequence: %w", err)
+	}
+	return n, nil
+}
+
+func u64(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+
+func statusKey(status state.Status, id string) []byte {
+	return []byte(string(status) + "/" + id)
+}
+
+// loadRun reads a run row and its buckets; found is false for an unseen run.
+func loadRun(tx *bolt.Tx, id string) (row state.Run, b *bolt.Bucket, found bool, err error) {
+	raw := tx.Bucket([]byte(bucketRuns)).Get([]byte(id))
+	if raw == nil {
+		return state.Run{}, nil, false, nil
+	}
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return state.Run{}, nil, false, storeErr("run %s: decoding row: %w", id, err)
+	}
+	b = tx.Bucket([]byte(bucketRun)).Bucket([]byte(id))
+	if b == nil {
+		return state.Run{}, nil, false, storeErr("run %s: row without its buckets", id)
+	}
+	if row.Intents == nil {
+		row.Intents = map[state.IntentState]int{}
+	}
+	return row, b, true, nil
+}
+
+func (t *txn) run(id string) (*runTx, bool, error) {
+	row, b, found, err := loadRun(t.tx, id)
+	if err != nil || !found {
+		return nil, found, err
+	}
+	return &runTx{t: t, row: row, b: b, stored: row.Status}, true, nil
+}
+
+// createRun writes a new row and its buckets; the caller sets the rest of
+// the row, appends the creating event and saves.
+func (t *txn) createRun(id string, status state.Status, version int64) (*runTx, error) {
+	t.wrote = true
+	b, err := t.tx.Bucket([]byte(bucketRun)).CreateBucket([]byte(id))
+	if err != nil {
+		return nil, storeErr("run %s: creating buckets: %w", id, err)
+	}
+	for _, name := range []string{bucketIntents, bucketOrder, bucketPending, bucketSeq, bucketEvents} {
+		if _, err := b.CreateBucket([]byte(name)); err != nil {
+			return nil, storeErr("run %s: creating bucket %s: %w", id, name, err)
+		}
+	}
+	r := &runTx{t: t, b: b, dirty: true, row: state.Run{
+		ID:            id,
+		Status:        status,
+		CancelVersion: version,
+		CreatedAt:     t.now,
+		UpdatedAt:     t.now,
+		Intents:       map[state.IntentState]int{},
+	}}
+	return r, nil
+}
+
+// admit creates a run ACTIVE at version 1 with its run.admitted event.
+func (t *txn) admit(id, actor, reason string) (*runTx, error) {
+	r, err := t.createRun(id, state.StatusActive, 1)
+	if err != nil {
+		return nil, err
+	}
+	err = r.event(state.Event{Actor: actor, Kind: state.EventRunAdmitted, Reason: reason, To: string(state.StatusActive)})
+	return r, err
+}
+
+// save writes the row if it changed and keeps the status index in step.
+func (r *runTx) save() error {
+	if !r.dirty {
+		return nil
+	}
+	raw, err := json.Marshal(r.row)
+	if err != nil {
+		return storeErr("run %s: encoding row: %w", r.row.ID, err)
+	}
+	if err := r.t.put(r.t.tx.Bucket([]byte(bucketRuns)), []byte(r.row.ID), raw); err != nil {
+		return err
+	}
+	if r.stored != r.row.Status {
+		idx := r.t.tx.Bucket([]byte(bucketStatus))
+		if r.stored != "" {
+			if err := r.t.del(idx, statusKey(r.stored, r.row.ID)); err != nil {
+				return err
+			}
+		}
+		if err := r.t.put(idx, statusKey(r.row.Status, r.row.ID), nil); err != nil {
+			return err
+		}
+		r.stored = r.row.Status
+	}
+	r.dirty = false
+	return nil
+}
+
+// event appends one line to the run's audit log, stamped with the
+// transaction's time and the row's version as it stands.
+func (r *runTx) event(e state.Event) error {
+	e.At = r.t.now
+	e.RunID = r.row.ID
+	e.Version = r.row.CancelVersion
+	raw, err := json.Marshal(e)
+	if err != nil {
+		return storeErr("run %s: encoding event: %w", r.row.ID, err)
+	}
+	b := r.b.Bucket([]byte(bucketEvents))
+	n, err := r.t.nextSeq(b)
+	if err != nil {
+		return err
+	}
+	return r.t.put(b, u64(n), raw)
+}
+
+// move changes the run's status with its run.transition event.
+func (r *runTx) move(to state.Status, reason, actor string) error {
+	from := r.row.Status
+	r.row.Status = to
+	r.row.StatusReason = reason
+	r.row.UpdatedAt = r.t.now
+	r.dirty = true
+	return r.event(state.Event{Actor: actor, Kind: state.EventRunTransition, From: string(from), To: string(to), Reason: reason})
+}
+
+func (r *runTx) intent(key string) (*intentRecord, bool, error) {
+	raw := r.b.Bucket([]byte(bucketIntents)).Get([]byte(key))
+	if raw == nil {
+		return nil, false, nil
+	}
+	var rec intentRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return nil, false, storeErr("run %s: decoding intent %s: %w", r.row.ID, key, err)
+	}
+	return &rec, true, nil
+}
+
+func (r *runTx) hasIntent(key string) bool {
+	return r.b.Bucket([]byte(bucketIntents)).Get([]byte(key)) != nil
+}
+
+func isPending(s state.IntentState) bool {
+	return s == state.IntentInFlight || s == state.IntentScheduled
+}
+
+// putIntent writes an intent whose state was from ("" for a new one),
+// keeping the row's counts, the creation order and the pending index in
+// the same step.
+func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
+	if from == "" {
+		n, err := r.t.nextSeq(r.b.Bucket([]byte(bucketOrder)))
+		if err != nil {
+			return err
+		}
+		rec.Seq = n
+		if err := r.t.put(r.b.Bucket([]byte(bucketOrder)), u64(n), []byte(rec.Key)); err != nil {
+			return err
+		}
+	}
+	if from != rec.State {
+		if from != "" {
+			r.count(from, -1)
+		}
+		r.count(rec.State, +1)
+		pending := r.b.Bucket([]byte(bucketPending))
+		switch was, is := isPending(from), isPending(rec.State); {
+		case is && !was:
+			if err := r.t.put(pending, u64(rec.Seq), []byte(rec.Key)); err != nil {
+				return err
+			}
+		case was && !is:
+			if err := r.t.del(pending, u64(rec.Seq)); err != nil {
+				return err
+			}
+		}
+	}
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return storeErr("run %s: encoding intent %s: %w", r.row.ID, rec.Key, err)
+	}
+	return r.t.put(r.b.Bucket([]byte(bucketIntents)), []byte(rec.Key), raw)
+}
+
+func (r *runTx) count(s state.IntentState, delta int) {
+	n := r.row.Intents[s] + delta
+	if n <= 0 {
+		delete(r.row.Intents, s)
+	} else {
+		r.row.Intents[s] = n
+	}
+	r.dirty = true
+}
+
+// eachPending calls fn for every IN_FLIGHT or SCHEDULED intent in creation
+// order. Keys are collected first: bbolt cursors must not outlive writes
+// to their bucket.
+func (r *runTx) eachPending(want state.IntentState, fn func(rec *intentRecord) error) error {
+	if r.row.Intents[want] == 0 {
+		return nil
+	}
+	var keys []string
+	c := r.b.Bucket([]byte(bucketPending)).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		keys = append(keys, string(v))
+	}
+	for _, key := range keys {
+		rec, ok, err := r.intent(key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return storeErr("run %s: pending index names missing intent %s", r.row.ID, key)
+		}
+		if rec.State != want {
+			continue
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deriveKey returns the record key of the next dispatch under a derived
+// base: base for the first, base.n after. A key already taken (by an
+// explicit key that happens to look like base.n) is skipped, because each
+// derived dispatch must be a record of its own.
+func (r *runTx) deriveKey(base string) (string, error) {
+	seq := r.b.Bucket([]byte(bucketSeq))
+	var n uint64
+	if v := seq.Get([]byte(base)); v != nil {
+		if len(v) != 8 {
+			return "", storeErr("run %s: derived key counter for %s is %d bytes", r.row.ID, base, len(v))
+		}
+		n = binary.BigEndian.Uint64(v)
+	}
+	for {
+		n++
+		key := base
+		if n > 1 {
+			key = base + "." + strconv.FormatUint(n, 10)
+		}
+		if !r.hasIntent(key) {
+			return key, r.t.put(seq, []byte(base), u64(n))
+		}
+	}
+}
+
+// expireLeases turns every IN_FLIGHT intent whose lease has run out
+// UNKNOWN: a carrier that died is never proof that nothing happened. They
+// expire in the order their leases ran out (ties by key), as the Redis
+// store's lease index orders them.
+func (r *runTx) expireLeases(actor string) error {
+	var due []*intentRecord
+	err := r.eachPending(state.IntentInFlight, func(rec *intentRecord) error {
+		if !rec.LeaseExpires.After(r.t.now) {
+			due = append(due, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(due, func(a, b *intentRecord) int {
+		if c := a.LeaseExpires.Compare(b.LeaseExpires); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	for _, rec := range due {
+		rec.State = state.IntentUnknown
+		rec.Reason = reasonLeaseExpired
+		rec.UpdatedAt = r.t.now
+		if err := r.putIntent(rec, state.IntentInFlight); err != nil {
+			return err
+		}
+		err := r.event(state.Event{Actor: actor, Kind: state.EventIntentExpired, Intent: rec.Key,
+			From: string(state.IntentInFlight), To: string(state.IntentUnknown), Reason: reasonLeaseExpired})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finalize moves a CANCELLING or UNKNOWN run on, per docs/state-machine.md.
+func (r *runTx) finalize(actor string) error {
+	inflight, unknown := r.row.Intents[state.IntentInFlight], r.row.Intents[state.IntentUnknown]
+	switch r.row.Status {
+	case state.StatusCancelling:
+		switch {
+		case inflight == 0 && unknown == 0:
+			return r.move(state.StatusCancelled, reasonDrained, actor)
+		case inflight == 0:
+			return r.move(state.StatusUnknown, reasonUnresolved, actor)
+		case !r.t.now.Before(r.row.DrainDeadline):
+			err := r.eachPending(state.IntentInFlight, func(rec *intentRecord) error {
+				rec.State = state.IntentUnknown
+				rec.Reason = reasonDrainTimeout
+				rec.UpdatedAt = r.t.now
+				if err := r.putIntent(rec, state.IntentInFlight); err != nil {
+					return err
+				}
+				return r.event(state.Event{Actor: actor, Kind: state.EventIntentOutcome, Intent: rec.Key,
+					From: string(state.IntentInFlight), To: string(state.IntentUnknown), Reason: reasonDrainTimeout})
+			})
+			if err != nil {
+				return err
+			}
+			return r.move(state.StatusUnknown, reasonDrainTimeout, actor)
+		}
+	case state.StatusUnknown:
+		if inflight == 0 && unknown == 0 {
+			return r.move(state.StatusCancelled, reasonReconciled, actor)
+		}
+	}
+	return nil
+}
+
+// conflict reports a transition the row's state refuses.
+func (r *runTx) conflict(code string, in *intentRecord, detail string) *state.Conflict {
+	c := &state.Conflict{Code: code, Run: r.row, Detail: detail}
+	if in != nil {
+		i := in.Intent
+		c.Intent = &i
+	}
+	return c
+}
