@@ -106,15 +106,15 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.DialContext == nil {
+		cfg.DialContext = (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, flows: newFlowSet()}
 	if cfg.StaticRun != "" {
 		if err := state.ValidateRunID(cfg.StaticRun); err != nil {
 			return nil, fmt.Errorf("static run: %w", err)
 		}
 		p.static = &identity{run: cfg.StaticRun, via: "static"}
-	}
-	if cfg.DialContext == nil {
-		cfg.DialContext = (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	}
 	// Our own transport: goproxy's default reads HTTP(S)_PROXY from the
 	// environment, and a sidecar that inherits its worker's environment

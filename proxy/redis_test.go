@@ -1,0 +1,146 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
+)
+
+func newRedisStore(t *testing.T, srv *redisserver.Server) state.Store {
+	t.Helper()
+	s, err := redisstore.Open(context.Background(), srv.URL(), redisstore.Options{OpTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestStoreDownOrPausedFailsClosed(t *testing.T) {
+	for _, failure := range []string{"killed", "paused"} {
+		t.Run(failure, func(t *testing.T) {
+			srv := redisserver.Start(t, redisserver.Options{})
+			e := newEnv(t, envOptions{store: newRedisStore(t, srv)})
+			up := newUpstream(t, false, nil)
+			e.admit("f1")
+			c := e.client("f1", 1)
+			if resp, _ := do(t, c, "POST", up.URL+"/x", strings.NewReader("a"), nil); resp.StatusCode != 200 {
+				t.Fatalf("with the store up: %d", resp.StatusCode)
+			}
+			if failure == "killed" {
+				srv.Kill()
+			} else {
+				srv.Pause()
+				defer srv.Resume()
+			}
+			for i := range 3 {
+				resp, body := do(t, c, "POST", up.URL+"/x", strings.NewReader(fmt.Sprint(i)), nil)
+				r := decodeRefusal(t, body)
+				if resp.StatusCode != 503 || r.Error != "store_unavailable" || resp.Header.Get("X-Stopgate-Refusal") != "store_unavailable" {
+					t.Fatalf("store %s: %d %s", failure, resp.StatusCode, body)
+				}
+			}
+			if got := up.hits.Load(); got != 1 {
+				t.Fatalf("upstream saw %d requests, want 1: nothing may pass unguarded", got)
+			}
+		})
+	}
+}
+
+// TestCancelThroughOneInstanceReachesAnother: two sidecars share one Redis;
+// a cancel committed anywhere stops the run's new requests at both and cuts
+// a stream open on the other one.
+func TestCancelThroughOneInstanceReachesAnother(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
+	a := newEnv(t, envOptions{store: newRedisStore(t, srv)})
+	b := newEnv(t, envOptions{store: newRedisStore(t, srv)})
+	up := newUpstream(t, false, sse)
+	a.admit("m1")
+	stream, err := b.client("m1", 1).Get(up.URL + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	lines := bufio.NewReader(stream.Body)
+	if _, err := lines.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := time.Now()
+	a.cancel("m1", time.Minute)
+	ended := make(chan time.Duration, 1)
+	go func() {
+		for {
+			if _, err := lines.ReadString('\n'); err != nil {
+				ended <- time.Since(cancelled)
+				return
+			}
+		}
+	}()
+	select {
+	case d := <-ended:
+		t.Logf("stream on the other instance cut %v after the cancel", d)
+	case <-time.After(time.Second):
+		t.Fatal("the other instance's stream outlived the cancel by a second")
+	}
+	before := up.hits.Load()
+	for _, e := range []*env{a, b} {
+		resp, body := do(t, e.client("m1", 1), "POST", up.URL+"/x", strings.NewReader("late"), nil)
+		if resp.StatusCode != 409 {
+			t.Fatalf("after the cancel: %d %s", resp.StatusCode, body)
+		}
+	}
+	if up.hits.Load() != before {
+		t.Fatal("a request reached the upstream after the cancel")
+	}
+}
+
+func TestRaceAcrossTwoInstancesOnRedis(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	envs := []*env{newEnv(t, envOptions{store: newRedisStore(t, srv)}), newEnv(t, envOptions{store: newRedisStore(t, srv)})}
+	up := newUpstream(t, false, nil)
+	const rounds, workers, perWorker = 10, 8, 8
+	for round := range rounds {
+		run := fmt.Sprintf("rr-%d", round)
+		envs[0].admit(run)
+		before := up.hits.Load()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		forwarded := 0
+		for w := range workers {
+			wg.Go(func() {
+				c := envs[w%2].client(run, 1)
+				for i := range perWorker {
+					resp, _ := do(t, c, "POST", up.URL+"/effect", strings.NewReader(fmt.Sprintf("%d-%d", w, i)), nil)
+					if resp.StatusCode == 200 {
+						mu.Lock()
+						forwarded++
+						mu.Unlock()
+					} else if resp.StatusCode != 409 {
+						t.Errorf("unexpected %d", resp.StatusCode)
+					}
+				}
+			})
+		}
+		wg.Go(func() {
+			time.Sleep(time.Duration(round) * 3 * time.Millisecond)
+			envs[1].cancel(run, time.Minute)
+		})
+		wg.Wait()
+		counts := map[state.IntentState]int{}
+		for _, in := range envs[0].intents(run) {
+			counts[in.State]++
+		}
+		hits := int(up.hits.Load() - before)
+		if hits != forwarded || hits != counts[state.IntentResponded]+counts[state.IntentInFlight] || hits+counts[state.IntentCancelledBeforeDispatch] != workers*perWorker {
+			t.Fatalf("%s: upstream %d, forwarded %d, ledger %v", run, hits, forwarded, counts)
+		}
+	}
+}
