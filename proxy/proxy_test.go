@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/state"
 )
@@ -318,5 +320,39 @@ func TestNotAProxyRequestIsAClearError(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if r := decodeRefusal(t, body); resp.StatusCode != 400 || r.Error != "not_a_proxy_request" {
 		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestMetricsCountWhatTheProxyDid(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, false, nil)
+	e.admit("m")
+	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
+	e.cancel("m", time.Minute)
+	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.proxy.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, l := range m.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	for name, want := range map[string]float64{
+		"stopgate_proxy_requests_total/forwarded": 1,
+		"stopgate_proxy_requests_total/refused":   1,
+		"stopgate_proxy_open_flows":               0,
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], want, got)
+		}
 	}
 }
