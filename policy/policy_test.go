@@ -75,3 +75,14 @@ func TestEmptyPathIsTheZeroPolicy(t *testing.T) {
 		t.Fatal("a missing file is not an error")
 	}
 }
+
+func TestShippedExamplePolicyIsValid(t *testing.T) {
+	t.Setenv("STOPGATE_WEBHOOK_PAYMENTS", "x")
+	p, err := policy.Load("../deploy/stopgate.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Webhooks) == 0 || len(p.Lookups) == 0 {
+		t.Fatalf("the example should show every rule: %+v", p)
+	}
+}
