@@ -1,0 +1,103 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
+	"github.com/stopgate/stopgate/state/statetest"
+)
+
+// TestCluster runs the store on a one-node Redis Cluster that owns every
+// slot. One node is enough to check what cluster mode changes for the
+// store: the cluster client routes each script by its first key, retries
+// differently from the plain client, and the server refuses a script whose
+// KEYS span slots (CROSSSLOT) as a real cluster does. Failover and
+// resharding are not exercised.
+func TestCluster(t *testing.T) {
+	// The node announces the cutter's port, so every connection the cluster
+	// client makes goes through it.
+	cut := newCutter(t)
+	srv := startLocal(t, "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", strconv.Itoa(cut.port()))
+	cut.forwardTo(srv.addr)
+	admin := raw(t, srv.addr)
+	ctx := tctx(t)
+	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	// A new master waits about 2s before it calls the cluster ok.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := admin.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one-node cluster not ok within 10s: %v %s", err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	url := "redis-cluster://" + cut.addr()
+
+	t.Run("Conformance", func(t *testing.T) {
+		statetest.Run(t, func(t *testing.T) state.Store {
+			if err := admin.FlushAll(context.Background()).Err(); err != nil {
+				t.Fatalf("flushall: %v", err)
+			}
+			return open(t, url, redisstore.Options{})
+		})
+	})
+
+	t.Run("ScriptsStayInOneSlot", func(t *testing.T) {
+		// First, that this node does check: KEYS in two slots are refused.
+		err := admin.Eval(ctx, "return 1", []string{"sg:{a}:run", "sg:{b}:run"}).Err()
+		if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
+			t.Fatalf("a cross-slot script on the cluster node: %v, want CROSSSLOT", err)
+		}
+		if err := admin.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, url, redisstore.Options{})
+		must(s.Admit(ctx, state.AdmitRequest{RunID: "c1", Actor: "t"}))(t)
+		must(s.Guard(ctx, guardReq("c1", "k")))(t)
+		must(s.Cancel(ctx, state.CancelRequest{RunID: "c1", Actor: "op"}))(t)
+		if r := must(s.Tick(ctx, "c1", "f"))(t); r.Status != state.StatusUnknown {
+			t.Fatalf("run after the walk on a cluster: %+v", r)
+		}
+		if live := must(s.LiveRuns(ctx))(t); len(live) != 1 || live[0] != "c1" {
+			t.Fatalf("live runs on a cluster: %v", live)
+		}
+		if d := must(s.Durability(ctx))(t); !d.Known || d.AOF {
+			t.Fatalf("durability of the cluster: %+v", d)
+		}
+	})
+
+	t.Run("LostReplyIsNotRetried", func(t *testing.T) {
+		// The cluster client retries a command whose reply was lost unless
+		// the command says NoRetry: this is the case that needs it.
+		checkLostReply(t, open(t, url, redisstore.Options{}), cut)
+	})
+}
+
+// TestSentinel runs the suite through a Sentinel that watches one master:
+// the failover client asks the Sentinel for the master and talks to it.
+// No failover is exercised.
+func TestSentinel(t *testing.T) {
+	master := redisserver.Start(t, redisserver.Options{})
+	host, port, _ := strings.Cut(master.Addr(), ":")
+	sentinel := startLocalConf(t, "sentinel monitor stopgate "+host+" "+port+" 1\n", "--sentinel")
+	admin := raw(t, master.Addr())
+	url := "redis-sentinel://" + sentinel.addr + "/0?master=stopgate"
+	statetest.Run(t, func(t *testing.T) state.Store {
+		if err := admin.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatalf("flushall: %v", err)
+		}
+		return open(t, url, redisstore.Options{})
+	})
+}

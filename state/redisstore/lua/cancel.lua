@@ -1,0 +1,46 @@
+-- cancel: ARGV actor, reason, drain ms, pub/sub channel, run id.
+-- The compare-and-set ACTIVE -> CANCELLING. It revokes every scheduled retry
+-- in the same step and publishes the run id only when it changed the row, so
+-- repeating it (a caller retrying after a lost reply) changes nothing and
+-- announces nothing twice.
+local actor, reason, drain, channel, run_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local run = load_run()
+local now = now_ms(run)
+if not run then
+  -- A tombstone: the run can never be admitted later.
+  run = {status = 'CANCELLED', v = '2', reason = reason,
+    created = int(now), updated = int(now), cancelled = int(now)}
+  event(run, now, actor, 'run.cancel', {to = 'CANCELLED', reason = reason})
+  commit(run, now)
+  redis.call('PUBLISH', channel, run_id)
+  return cjson.encode({run = run, changed = true})
+end
+if run.status == 'COMPLETED' then
+  return cjson.encode({run = run, conflict = 'run_not_active'})
+end
+if run.status ~= 'ACTIVE' then
+  return cjson.encode({run = run})
+end
+run.status = 'CANCELLING'
+run.v = int(tonumber(run.v) + 1)
+run.reason = reason
+run.cancelled = int(now)
+run.updated = int(now)
+run.drain = int(now + drain)
+event(run, now, actor, 'run.cancel', {from = 'ACTIVE', to = 'CANCELLING', reason = reason})
+for _, key in ipairs(redis.call('ZRANGE', K_SCHED, 0, -1)) do
+  local it = load_intent(key)
+  if it and it.state == 'SCHEDULED' then
+    it.state = 'REVOKED'
+    it.reason = 'run_cancelled'
+    it.updated_at = now
+    save_intent(it)
+    count(run, 'SCHEDULED', 'REVOKED')
+    event(run, now, actor, 'intent.revoked',
+      {from = 'SCHEDULED', to = 'REVOKED', reason = 'run_cancelled', intent = key})
+  end
+end
+redis.call('DEL', K_SCHED)
+commit(run, now)
+redis.call('PUBLISH', channel, run_id)
+return cjson.encode({run = run, changed = true})

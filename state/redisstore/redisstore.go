@@ -1,0 +1,768 @@
+// Package redisstore is the shared state.Store on Redis, for a fleet of
+// stopgate instances: every operation that changes a run is one Lua script,
+// so the check and the write of the guard are one atomic step of the server,
+// and every key of a run shares the hash tag {RUN} so each script runs on a
+// single Redis Cluster slot. docs/redis.md describes the key layout and the
+// failure behaviour.
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// DefaultOpTimeout bounds one store operation when Options.OpTimeout is zero.
+const DefaultOpTimeout = 2 * time.Second
+
+// Options tune a Store.
+type Options struct {
+	// OpTimeout bounds every operation (DefaultOpTimeout when zero): a slow
+	// or paused Redis answers ErrUnavailable after it, so callers fail
+	// closed instead of hanging.
+	OpTimeout time.Duration
+	// Logger receives the store's own notes (dropped cancel notifications,
+	// index repairs); slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Store is a state.Store on Redis. It is safe for concurrent use.
+type Store struct {
+	rdb       redis.UniversalClient
+	scripter  onceScripter
+	opTimeout time.Duration
+	log       *slog.Logger
+	addr      string // for messages: the URL with the password hidden
+
+	// known holds ids whose row this process has seen exist; see index.go.
+	known knownRuns
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[*redis.PubSub]struct{}
+}
+
+var _ state.Store = (*Store)(nil)
+
+// Open connects to the Redis the URL names and checks that it answers.
+// URLs: redis://[[user]:pass@]host:port/DB, rediss://… (TLS),
+// redis-sentinel://[[user]:pass@]host:port[,host:port…]/DB?master=NAME,
+// redis-cluster://[[user]:pass@]host:port[,host:port…].
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	t, err := parseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", state.ErrInvalid, err)
+	}
+	if opts.OpTimeout < 0 {
+		return nil, fmt.Errorf("%w: op timeout %s is negative", state.ErrInvalid, opts.OpTimeout)
+	}
+	if opts.OpTimeout == 0 {
+		opts.OpTimeout = DefaultOpTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Store{
+		opTimeout: opts.OpTimeout,
+		log:       opts.Logger.With("store", "redis"),
+		addr:      redact(url),
+		subs:      map[*redis.PubSub]struct{}{},
+	}
+	s.rdb = newClient(t, opts.OpTimeout)
+	s.scripter = onceScripter{rdb: s.rdb}
+	if err := s.Ping(ctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	return s, nil
+}
+
+// Dialing is retried once, briefly: a connection that was refused has sent
+// nothing, so retrying it is safe, but a store that is down should answer
+// ErrUnavailable at once rather than after go-redis's five attempts.
+const (
+	dialAttempts = 2
+	dialBackoff  = 50 * time.Millisecond
+)
+
+// newClient builds the go-redis client for a target.
+//
+// MaxRetries is -1: go-redis would otherwise re-send a command whose reply
+// was lost, and a script that already ran (a cancel, a guard that admitted
+// an effect) would run a second time. A failed operation is reported as
+// ErrUnavailable instead, and the caller decides (the proxy fails closed).
+// Timeouts follow OpTimeout so that a stopped server costs at most that.
+func newClient(t target, opTimeout time.Duration) redis.UniversalClient {
+	switch t.kind {
+	case "sentinel":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            t.master,
+			SentinelAddrs:         t.addrs,
+			SentinelPassword:      t.sentinelPassword,
+			Username:              t.username,
+			Password:              t.password,
+			DB:                    t.db,
+			MaxRetries:            -1,
+			DialTimeout:           opTimeout,
+			ReadTimeout:           opTimeout,
+			WriteTimeout:          opTimeout,
+			PoolTimeout:           opTimeout,
+			ContextTimeoutEnabled: true,
+			DialerRetries:         dialAttempts,
+			DialerRetryTimeout:    dialBackoff,
+		})
+	case "cluster":
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 t.addrs,
+			Username:              t.username,
+			Password:              t.password,
+			MaxRetries:            -1,
+			DialTimeout:           opTimeout,
+			ReadTimeout:           opTimeout,
+			WriteTimeout:          opTimeout,
+			PoolTimeout:           opTimeout,
+			ContextTimeoutEnabled: true,
+			DialerRetries:         dialAttempts,
+			DialerRetryTimeout:    dialBackoff,
+		})
+	default:
+		opt := *t.node
+		opt.MaxRetries = -1
+		opt.DialTimeout = opTimeout
+		opt.ReadTimeout = opTimeout
+		opt.WriteTimeout = opTimeout
+		opt.PoolTimeout = opTimeout
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries = dialAttempts
+		opt.DialerRetryTimeout = dialBackoff
+		return redis.NewClient(&opt)
+	}
+}
+
+// op bounds one operation, all its round trips together, by OpTimeout (or
+// the caller's earlier deadline).
+func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opTimeout)
+}
+
+// fail wraps a Redis error with the operation that met it. Anything that
+// says the server could not be reached or did not answer in time — network
+// errors, timeouts, a closed client, and the server replies that mean "not
+// now" (loading after a restart, a failover in progress) — wraps
+// state.ErrUnavailable.
+func (s *Store) fail(op, runID string, err error) error {
+	what := "redis " + op
+	if runID != "" {
+		what += " run " + runID
+	}
+	if unavailable(err) {
+		return fmt.Errorf("%s on %s: %w: %w", what, s.addr, state.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s on %s: %w", what, s.addr, err)
+}
+
+// unavailable reports whether err means the data could not be reached right
+// now, rather than that the request was wrong.
+func unavailable(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		// Not a reply from the server: the connection, the pool or the deadline.
+		return true
+	}
+	// Server replies that mean "not now": loading the AOF after a restart, a
+	// replica during failover, a cluster reconfiguring, a busy script, a
+	// full or unwritable server.
+	for _, p := range [...]string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MISCONF", "OOM", "MOVED", "ASK"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// reply is what every per-run script returns, JSON-encoded.
+type reply struct {
+	Run      map[string]string `json:"run"`
+	Intent   *record           `json:"intent"`
+	Admitted bool              `json:"admitted"`
+	Refusal  string            `json:"refusal"`
+	Changed  bool              `json:"changed"`
+	Conflict string            `json:"conflict"`
+	Detail   string            `json:"detail"`
+	NotFound string            `json:"notfound"`
+	Renewed  int               `json:"renewed"`
+}
+
+// record is an intent as the scripts store it (JSON in the run's intents
+// hash). Times are Unix ms; the observed version and not_before stay
+// decimal text because Lua numbers are doubles and could not carry every
+// int64 a caller may send.
+type record struct {
+	Key             string `json:"key"`
+	Boundary        string `json:"boundary"`
+	State           string `json:"state"`
+	Method          string `json:"method"`
+	Target          string `json:"target"`
+	BodyDigest      string `json:"body_digest"`
+	StatusCode      int    `json:"status_code"`
+	Attempts        int    `json:"attempts"`
+	Refusals        int    `json:"refusals"`
+	ObservedVersion string `json:"observed_version"`
+	Reason          string `json:"reason"`
+	Source          string `json:"source"`
+	Note            string `json:"note"`
+	LeaseOwner      string `json:"lease_owner"`
+	LeaseExpires    int64  `json:"lease_expires"`
+	NotBefore       string `json:"not_before"`
+	CreatedAt       int64  `json:"created_at"`
+	UpdatedAt       int64  `json:"updated_at"`
+	Ord             int64  `json:"ord"`
+}
+
+func (r *record) intent(runID string) state.Intent {
+	in := state.Intent{
+		RunID:      runID,
+		Key:        r.Key,
+		Boundary:   state.Boundary(r.Boundary),
+		State:      state.IntentState(r.State),
+		Method:     r.Method,
+		Target:     r.Target,
+		BodyDigest: r.BodyDigest,
+		StatusCode: r.StatusCode,
+		Attempts:   r.Attempts,
+		Refusals:   r.Refusals,
+		Reason:     r.Reason,
+		Source:     r.Source,
+		Note:       r.Note,
+		LeaseOwner: r.LeaseOwner,
+		CreatedAt:  msTime(r.CreatedAt),
+		UpdatedAt:  msTime(r.UpdatedAt),
+	}
+	in.ObservedVersion, _ = strconv.ParseInt(r.ObservedVersion, 10, 64)
+	if r.LeaseExpires != 0 {
+		in.LeaseExpires = msTime(r.LeaseExpires)
+	}
+	if ms, err := strconv.ParseInt(r.NotBefore, 10, 64); err == nil {
+		in.NotBefore = msTime(ms)
+	}
+	return in
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// runOf turns a row hash into a Run. Absent numbers read as zero: the row is
+// only ever written whole by the scripts.
+func runOf(id string, m map[string]string) state.Run {
+	num := func(k string) int64 {
+		n, _ := strconv.ParseInt(m[k], 10, 64)
+		return n
+	}
+	at := func(k string) time.Time {
+		if m[k] == "" {
+			return time.Time{}
+		}
+		return msTime(num(k))
+	}
+	r := state.Run{
+		ID:            id,
+		Status:        state.Status(m["status"]),
+		CancelVersion: num("v"),
+		Reason:        m["reason"],
+		StatusReason:  m["status_reason"],
+		CreatedAt:     at("created"),
+		UpdatedAt:     at("updated"),
+		CancelledAt:   at("cancelled"),
+		DrainDeadline: at("drain"),
+		Intents:       map[state.IntentState]int{},
+	}
+	for k, v := range m {
+		st, ok := strings.CutPrefix(k, "n:")
+		if !ok {
+			continue
+		}
+		if n, _ := strconv.Atoi(v); n != 0 {
+			r.Intents[state.IntentState(st)] = n
+		}
+	}
+	return r
+}
+
+// call runs one per-run script and decodes its reply. The caller has
+// bounded ctx by OpTimeout.
+func (s *Store) call(ctx context.Context, op, runID string, script *redis.Script, args ...any) (reply, error) {
+	raw, err := script.Run(ctx, s.scripter, keysOf(runID).list(), args...).Text()
+	if err != nil {
+		return reply{}, s.fail(op, runID, err)
+	}
+	var r reply
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		return reply{}, fmt.Errorf("redis %s run %s: decode the script's reply: %w", op, runID, err)
+	}
+	if r.Run != nil {
+		s.known.add(runID)
+	}
+	return r, nil
+}
+
+// conflictOf is the *state.Conflict a script reported.
+func conflictOf(runID string, r reply) error {
+	c := &state.Conflict{Code: r.Conflict, Run: runOf(runID, r.Run), Detail: r.Detail}
+	if r.Intent != nil {
+		in := r.Intent.intent(runID)
+		c.Intent = &in
+	}
+	return c
+}
+
+func notFound(runID string, r reply, key string) error {
+	if r.NotFound == "intent" {
+		return fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
+	}
+	return fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// ms is a duration in whole milliseconds, rounded up so that a positive
+// duration never becomes zero.
+func ms(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Admit creates the run ACTIVE at version 1, or returns an ACTIVE row as it is.
+func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	if err := s.index(ctx, "admit", req.RunID, true); err != nil {
+		return state.Run{}, err
+	}
+	r, err := s.call(ctx, "admit", req.RunID, admitScript, req.Actor, req.Reason)
+	if err != nil {
+		return state.Run{}, err
+	}
+	if r.Conflict != "" {
+		return state.Run{}, conflictOf(req.RunID, r)
+	}
+	return runOf(req.RunID, r.Run), nil
+}
+
+// Cancel is the compare-and-set ACTIVE → CANCELLING (or a tombstone for an
+// unseen run); a changed row is announced on the cancel channel in the same
+// step.
+func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.CancelResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.CancelResult{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	// A tombstone is a row: index it first. It is final, so not live.
+	if err := s.index(ctx, "cancel", req.RunID, false); err != nil {
+		return state.CancelResult{}, err
+	}
+	r, err := s.call(ctx, "cancel", req.RunID, cancelScript, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID)
+	if err != nil {
+		return state.CancelResult{}, err
+	}
+	if r.Conflict != "" {
+		return state.CancelResult{}, conflictOf(req.RunID, r)
+	}
+	return state.CancelResult{Run: runOf(req.RunID, r.Run), Changed: r.Changed}, nil
+}
+
+// Complete moves ACTIVE → COMPLETED at the observed version.
+func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	r, err := s.call(ctx, "complete", req.RunID, completeScript, req.Actor, req.Reason, req.Version)
+	if err != nil {
+		return state.Run{}, err
+	}
+	if r.NotFound != "" {
+		return state.Run{}, notFound(req.RunID, r, "")
+	}
+	if r.Conflict != "" {
+		return state.Run{}, conflictOf(req.RunID, r)
+	}
+	return runOf(req.RunID, r.Run), nil
+}
+
+// Guard is the one atomic check-and-record of an effect.
+func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.GuardResult{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	// Only an auto-admitting guard can create the row; once this process
+	// has seen the row, its index entry exists and the extra round trip is
+	// skipped (the hot path).
+	if req.AutoAdmit && !s.known.has(req.RunID) {
+		if err := s.index(ctx, "guard", req.RunID, true); err != nil {
+			return state.GuardResult{}, err
+		}
+	}
+	notBefore := ""
+	if !req.NotBefore.IsZero() {
+		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
+	}
+	r, err := s.call(ctx, "guard", req.RunID, guardScript,
+		req.Actor, req.ObservedVersion, req.Key, flag(req.ExplicitKey), string(req.Boundary),
+		req.Method, req.Target, req.BodyDigest, flag(req.AutoAdmit), flag(req.AllowCancelling),
+		notBefore, req.LeaseOwner, ms(req.LeaseTTL))
+	if err != nil {
+		return state.GuardResult{}, err
+	}
+	res := state.GuardResult{Admitted: r.Admitted, Refusal: r.Refusal, Run: state.Run{ID: req.RunID}}
+	if r.Run != nil {
+		res.Run = runOf(req.RunID, r.Run)
+	}
+	if r.Intent != nil {
+		res.Intent = r.Intent.intent(req.RunID)
+	}
+	return res, nil
+}
+
+// Finish records the outcome of an IN_FLIGHT intent, then finalizes the run.
+func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	r, err := s.call(ctx, "finish", req.RunID, finishScript,
+		req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason)
+	if err != nil {
+		return state.Intent{}, err
+	}
+	if r.NotFound != "" {
+		return state.Intent{}, notFound(req.RunID, r, req.Key)
+	}
+	if r.Conflict != "" {
+		return state.Intent{}, conflictOf(req.RunID, r)
+	}
+	return r.Intent.intent(req.RunID), nil
+}
+
+// Resolve reconciles an UNKNOWN intent, then finalizes the run.
+func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	r, err := s.call(ctx, "resolve", req.RunID, resolveScript,
+		req.Actor, req.Key, flag(req.Applied), req.Source, req.Note)
+	if err != nil {
+		return state.Intent{}, err
+	}
+	if r.NotFound != "" {
+		return state.Intent{}, notFound(req.RunID, r, req.Key)
+	}
+	if r.Conflict != "" {
+		return state.Intent{}, conflictOf(req.RunID, r)
+	}
+	return r.Intent.intent(req.RunID), nil
+}
+
+// Renew extends the owner's leases: one script per run named in refs.
+func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs []state.IntentRef) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: lease TTL %s: want more than zero", state.ErrInvalid, ttl)
+	}
+	if len(owner) > state.MaxTextLen {
+		return fmt.Errorf("%w: lease owner is %d bytes, longer than %d", state.ErrInvalid, len(owner), state.MaxTextLen)
+	}
+	byRun := map[string][]any{}
+	var runs []string
+	for _, ref := range refs {
+		if err := state.ValidateRunID(ref.RunID); err != nil {
+			return err
+		}
+		if err := state.ValidateKey(ref.Key); err != nil {
+			return err
+		}
+		if _, ok := byRun[ref.RunID]; !ok {
+			runs = append(runs, ref.RunID)
+		}
+		byRun[ref.RunID] = append(byRun[ref.RunID], ref.Key)
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	for _, id := range runs {
+		args := append([]any{owner, ms(ttl)}, byRun[id]...)
+		if _, err := s.call(ctx, "renew", id, renewScript, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Tick expires leases and moves a cancelled run on.
+func (s *Store) Tick(ctx context.Context, runID string, actor string) (state.Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Run{}, err
+	}
+	if len(actor) > state.MaxTextLen {
+		return state.Run{}, fmt.Errorf("%w: actor is %d bytes, longer than %d", state.ErrInvalid, len(actor), state.MaxTextLen)
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	r, err := s.call(ctx, "tick", runID, tickScript, actor)
+	if err != nil {
+		return state.Run{}, err
+	}
+	if r.NotFound != "" {
+		return state.Run{}, notFound(runID, r, "")
+	}
+	return runOf(runID, r.Run), nil
+}
+
+// Get returns the row. One HGETALL: the scripts write the row whole, so a
+// read sees one step's result or the next.
+func (s *Store) Get(ctx context.Context, runID string) (state.Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Run{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	m, err := s.rdb.HGetAll(ctx, keysOf(runID).row).Result()
+	if err != nil {
+		return state.Run{}, s.fail("get", runID, err)
+	}
+	if len(m) == 0 {
+		return state.Run{}, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+	}
+	return runOf(runID, m), nil
+}
+
+// Intent returns one intent.
+func (s *Store) Intent(ctx context.Context, runID, key string) (state.Intent, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Intent{}, err
+	}
+	if err := state.ValidateKey(key); err != nil {
+		return state.Intent{}, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	raw, err := s.rdb.HGet(ctx, keysOf(runID).intents, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return state.Intent{}, fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
+	}
+	if err != nil {
+		return state.Intent{}, s.fail("intent", runID, err)
+	}
+	var rec record
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		return state.Intent{}, fmt.Errorf("redis intent %s of run %s: decode: %w", key, runID, err)
+	}
+	return rec.intent(runID), nil
+}
+
+// Intents returns the run's intents in creation order, read in one
+// MULTI/EXEC so the order list and the records agree.
+func (s *Store) Intents(ctx context.Context, runID string) ([]state.Intent, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	k := keysOf(runID)
+	var exists *redis.IntCmd
+	var order *redis.StringSliceCmd
+	var all *redis.MapStringStringCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		exists = p.Exists(ctx, k.row)
+		order = p.LRange(ctx, k.order, 0, -1)
+		all = p.HGetAll(ctx, k.intents)
+		return nil
+	})
+	if err != nil {
+		return nil, s.fail("intents", runID, err)
+	}
+	if exists.Val() == 0 {
+		return nil, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+	}
+	recs := all.Val()
+	out := make([]state.Intent, 0, len(order.Val()))
+	for _, key := range order.Val() {
+		raw, ok := recs[key]
+		if !ok {
+			continue
+		}
+		var rec record
+		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+			return nil, fmt.Errorf("redis intent %s of run %s: decode: %w", key, runID, err)
+		}
+		out = append(out, rec.intent(runID))
+	}
+	return out, nil
+}
+
+// Events returns the run's audit log (a stream) in commit order.
+func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	k := keysOf(runID)
+	var exists *redis.IntCmd
+	var msgs *redis.XMessageSliceCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		exists = p.Exists(ctx, k.row)
+		msgs = p.XRange(ctx, k.events, "-", "+")
+		return nil
+	})
+	if err != nil {
+		return nil, s.fail("events", runID, err)
+	}
+	if exists.Val() == 0 {
+		return nil, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+	}
+	out := make([]state.Event, 0, len(msgs.Val()))
+	for _, m := range msgs.Val() {
+		str := func(k string) string {
+			v, _ := m.Values[k].(string)
+			return v
+		}
+		at, _ := strconv.ParseInt(str("at"), 10, 64)
+		v, _ := strconv.ParseInt(str("v"), 10, 64)
+		out = append(out, state.Event{
+			At:      msTime(at),
+			RunID:   runID,
+			Actor:   str("actor"),
+			Kind:    str("kind"),
+			Reason:  str("reason"),
+			From:    str("from"),
+			To:      str("to"),
+			Intent:  str("intent"),
+			Version: v,
+		})
+	}
+	return out, nil
+}
+
+// Ping reports whether Redis answers within OpTimeout.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return s.fail("ping", "", err)
+	}
+	return nil
+}
+
+// Close ends the cancel subscriptions and closes the client. Later calls
+// return nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	subs := s.subs
+	s.subs = nil
+	s.mu.Unlock()
+	for ps := range subs {
+		_ = ps.Close()
+	}
+	if err := s.rdb.Close(); err != nil {
+		return fmt.Errorf("close redis client for %s: %w", s.addr, err)
+	}
+	return nil
+}
+
+// Cancels subscribes to the cancel channel and delivers run ids until ctx
+// ends. go-redis reconnects the subscription after a network failure;
+// messages published while it was down are lost, which is why callers also
+// re-check rows periodically. A slow reader never holds up the store: when
+// the buffer is full a notification is dropped and logged.
+func (s *Store) Cancels(ctx context.Context) (<-chan string, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("redis cancels on %s: %w: %w", s.addr, state.ErrUnavailable, redis.ErrClosed)
+	}
+	s.mu.Unlock()
+
+	ps := s.rdb.Subscribe(ctx, cancelChannel)
+	// Wait for the subscription to be confirmed, so a cancel committed after
+	// Cancels returns is delivered.
+	octx, cancel := s.op(ctx)
+	_, err := ps.Receive(octx)
+	cancel()
+	if err != nil {
+		_ = ps.Close()
+		return nil, s.fail("subscribe", "", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ps.Close()
+		return nil, fmt.Errorf("redis cancels on %s: %w: %w", s.addr, state.ErrUnavailable, redis.ErrClosed)
+	}
+	s.subs[ps] = struct{}{}
+	s.mu.Unlock()
+
+	out := make(chan string, 256)
+	msgs := ps.Channel()
+	go func() {
+		defer close(out)
+		defer func() {
+			s.mu.Lock()
+			if s.subs != nil {
+				delete(s.subs, ps)
+			}
+			s.mu.Unlock()
+			_ = ps.Close()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				select {
+				case out <- m.Payload:
+				default:
+					s.log.Warn("cancel notification dropped: the reader is behind; it will see the cancel at its next re-check", "run_id", m.Payload)
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// validStatus accepts "" (all) or a known status.
+func validStatus(st state.Status) error {
+	if st == "" || slices.Contains(state.Statuses, st) {
+		return nil
+	}
+	return fmt.Errorf("%w: unknown run status %q", state.ErrInvalid, st)
+}

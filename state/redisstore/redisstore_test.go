@@ -1,0 +1,474 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
+)
+
+func tctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func guardReq(run, key string) state.GuardRequest {
+	return state.GuardRequest{
+		RunID: run, Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP,
+		Method: "POST", Target: "https://api.example/charge", BodyDigest: "d",
+		LeaseOwner: "proxy:1", LeaseTTL: time.Minute, Actor: "proxy:1",
+	}
+}
+
+// must(f())(t) is f's value, or the end of the test if f failed.
+func must[T any](v T, err error) func(testing.TB) T {
+	return func(t testing.TB) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// An acknowledged cancel is on disk before the reply (appendfsync always):
+// kill -9 of redis-server loses none of it, and the restarted server refuses
+// the run's next effect.
+func TestCancelSurvivesKill9OfRedis(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
+	s := open(t, srv.URL(), redisstore.Options{})
+	ctx := tctx(t)
+
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "run_42", Actor: "test"}))(t)
+	g := must(s.Guard(ctx, guardReq("run_42", "charge-1")))(t)
+	if !g.Admitted {
+		t.Fatalf("guard before the cancel refused: %+v", g)
+	}
+	res := must(s.Cancel(ctx, state.CancelRequest{RunID: "run_42", Actor: "operator:alice", Reason: "stop pressed", DrainTimeout: time.Minute}))(t)
+	if !res.Changed || res.Run.Status != state.StatusCancelling {
+		t.Fatalf("cancel: %+v", res)
+	}
+
+	srv.Kill()
+	srv.Restart()
+
+	s2 := open(t, srv.URL(), redisstore.Options{})
+	r := must(s2.Get(ctx, "run_42"))(t)
+	if r.Status != state.StatusCancelling || r.CancelVersion != 2 || r.Reason != "stop pressed" {
+		t.Fatalf("after kill -9 the run is %s/%d (%q), want CANCELLING/2", r.Status, r.CancelVersion, r.Reason)
+	}
+	evs := must(s2.Events(ctx, "run_42"))(t)
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind)
+	}
+	if want := []string{state.EventRunAdmitted, state.EventIntentAdmitted, state.EventRunCancelled}; !slices.Equal(kinds, want) {
+		t.Fatalf("events after kill -9: %v, want %v", kinds, want)
+	}
+	ins := must(s2.Intents(ctx, "run_42"))(t)
+	if len(ins) != 1 || ins[0].Key != "charge-1" || ins[0].State != state.IntentInFlight {
+		t.Fatalf("intents after kill -9: %+v", ins)
+	}
+	refused := must(s2.Guard(ctx, guardReq("run_42", "charge-2")))(t)
+	if refused.Admitted || refused.Refusal != state.RefusalRunNotActive {
+		t.Fatalf("guard after the restart: %+v", refused)
+	}
+	live := must(s2.LiveRuns(ctx))(t)
+	if !slices.Contains(live, "run_42") {
+		t.Fatalf("the cancelling run fell out of the live set: %v", live)
+	}
+}
+
+// Redis forgets loaded scripts on SCRIPT FLUSH (and on restart): every
+// operation must load its script again by itself.
+func TestScriptsReloadAfterScriptFlush(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "test"}))(t)
+	g := must(s.Guard(ctx, guardReq("r", "k1")))(t)
+	for step, op := range []func() error{
+		func() error { _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r2", Actor: "test"}); return err },
+		func() error { _, err := s.Guard(ctx, guardReq("r", "k2")); return err },
+		func() error {
+			_, err := s.Finish(ctx, state.FinishRequest{RunID: "r", Key: "k1", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"})
+			return err
+		},
+		func() error { return s.Renew(ctx, "proxy:1", time.Minute, []state.IntentRef{{RunID: "r", Key: "k2"}}) },
+		func() error { _, err := s.Cancel(ctx, state.CancelRequest{RunID: "r", Actor: "op"}); return err },
+		func() error { _, err := s.Tick(ctx, "r", "finalizer"); return err },
+		func() error {
+			_, err := s.Complete(ctx, state.CompleteRequest{RunID: "r2", Version: 1, Actor: "worker"})
+			return err
+		},
+		func() error { _, err := s.List(ctx, ""); return err },
+	} {
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op(); err != nil {
+			t.Fatalf("step %d after SCRIPT FLUSH: %v", step, err)
+		}
+	}
+	r := must(s.Get(ctx, "r"))(t)
+	if r.Status != state.StatusUnknown || r.StatusReason != "drain_timeout" {
+		// drain 0: the tick cut k2, still in flight, at once.
+		t.Fatalf("run after the walk: %+v", r)
+	}
+}
+
+// A store that cannot reach Redis answers ErrUnavailable, promptly, from
+// every operation: callers fail closed on it.
+func TestStoreDownIsUnavailable(t *testing.T) {
+	const opTimeout = 300 * time.Millisecond
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{OpTimeout: opTimeout})
+	ctx := tctx(t)
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "test"}))(t)
+	g := must(s.Guard(ctx, guardReq("r", "k")))(t)
+	// A run no operation below touches: the guard that times out on it
+	// may still run when Redis resumes, and nothing else may race it.
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "p", Actor: "test"}))(t)
+
+	ops := []struct {
+		name string
+		fn   func() error
+	}{
+		{"ping", func() error { return s.Ping(ctx) }},
+		{"admit", func() error { _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); return err }},
+		{"cancel", func() error { _, err := s.Cancel(ctx, state.CancelRequest{RunID: "r", Actor: "t"}); return err }},
+		{"complete", func() error {
+			_, err := s.Complete(ctx, state.CompleteRequest{RunID: "r", Version: 1, Actor: "t"})
+			return err
+		}},
+		{"get", func() error { _, err := s.Get(ctx, "r"); return err }},
+		{"list", func() error { _, err := s.List(ctx, ""); return err }},
+		{"live runs", func() error { _, err := s.LiveRuns(ctx); return err }},
+		{"guard", func() error { _, err := s.Guard(ctx, guardReq("r", "k2")); return err }},
+		{"guard auto-admit", func() error {
+			req := guardReq("fresh", "k")
+			req.AutoAdmit = true
+			_, err := s.Guard(ctx, req)
+			return err
+		}},
+		{"finish", func() error {
+			_, err := s.Finish(ctx, state.FinishRequest{RunID: "r", Key: "k", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, Actor: "p"})
+			return err
+		}},
+		{"resolve", func() error {
+			_, err := s.Resolve(ctx, state.ResolveRequest{RunID: "r", Key: "k", Source: "operator", Actor: "op"})
+			return err
+		}},
+		{"renew", func() error { return s.Renew(ctx, "proxy:1", time.Minute, []state.IntentRef{{RunID: "r", Key: "k"}}) }},
+		{"tick", func() error { _, err := s.Tick(ctx, "r", "f"); return err }},
+		{"intent", func() error { _, err := s.Intent(ctx, "r", "k"); return err }},
+		{"intents", func() error { _, err := s.Intents(ctx, "r"); return err }},
+		{"events", func() error { _, err := s.Events(ctx, "r"); return err }},
+		{"cancels", func() error { _, err := s.Cancels(ctx); return err }},
+		{"durability", func() error { _, err := s.Durability(ctx); return err }},
+	}
+	// The operations run at once: each is bounded by its own op timeout,
+	// and a paused server would otherwise cost one timeout per operation.
+	check := func(t *testing.T, how string) {
+		var wg sync.WaitGroup
+		for _, op := range ops {
+			wg.Go(func() {
+				start := time.Now()
+				err := op.fn()
+				took := time.Since(start)
+				if !errors.Is(err, state.ErrUnavailable) {
+					t.Errorf("%s with redis %s: got %v, want ErrUnavailable", op.name, how, err)
+					return
+				}
+				// Generous: the point is that it returns, not how fast.
+				if took > opTimeout+3*time.Second {
+					t.Errorf("%s with redis %s took %v", op.name, how, took)
+				}
+				if !strings.Contains(err.Error(), "redis") {
+					t.Errorf("%s: error %q does not say what failed", op.name, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+
+	t.Run("paused", func(t *testing.T) {
+		srv.Pause()
+		start := time.Now()
+		_, err := s.Guard(ctx, guardReq("p", "during-pause"))
+		if !errors.Is(err, state.ErrUnavailable) {
+			srv.Resume()
+			t.Fatalf("guard with redis paused: got %v, want ErrUnavailable", err)
+		}
+		if took := time.Since(start); took < opTimeout/2 {
+			t.Errorf("guard gave up after %v, before the %v op timeout", took, opTimeout)
+		}
+		check(t, "paused")
+		srv.Resume()
+
+		// The store recovers by itself once Redis answers again.
+		deadline := time.Now().Add(5 * time.Second)
+		for s.Ping(ctx) != nil {
+			if time.Now().After(deadline) {
+				t.Fatal("store did not recover after redis resumed")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// The guard whose reply was lost may still have run once Redis read
+		// it: then it is recorded IN_FLIGHT, and its lease expiry will make
+		// it UNKNOWN. Never anything that claims an answer.
+		in, err := s.Intent(ctx, "p", "during-pause")
+		switch {
+		case errors.Is(err, state.ErrNotFound):
+		case err != nil:
+			t.Fatal(err)
+		case in.State != state.IntentInFlight || in.Attempts != 1:
+			t.Fatalf("guard that timed out is recorded as %+v", in)
+		}
+	})
+
+	t.Run("killed", func(t *testing.T) {
+		srv.Kill()
+		check(t, "killed")
+	})
+}
+
+func TestDurabilityReport(t *testing.T) {
+	ctx := tctx(t)
+	t.Run("always", func(t *testing.T) {
+		srv := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
+		s := open(t, srv.URL(), redisstore.Options{})
+		d := must(s.Durability(ctx))(t)
+		if !d.Known || !d.AOF || d.Fsync != "always" || !d.Safe() {
+			t.Fatalf("AOF always reported as %+v (safe %v)", d, d.Safe())
+		}
+		if !strings.Contains(d.Describe(), "power loss") {
+			t.Fatalf("describe: %q", d.Describe())
+		}
+
+		if err := raw(t, srv.Addr()).ConfigSet(ctx, "appendfsync", "everysec").Err(); err != nil {
+			t.Fatal(err)
+		}
+		d = must(s.Durability(ctx))(t)
+		if d.Safe() || d.Fsync != "everysec" || !strings.Contains(d.Describe(), "1s") {
+			t.Fatalf("everysec reported as %+v: %q", d, d.Describe())
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		srv := redisserver.Start(t, redisserver.Options{})
+		s := open(t, srv.URL(), redisstore.Options{})
+		d := must(s.Durability(ctx))(t)
+		if d.Safe() || d.AOF || !d.Known {
+			t.Fatalf("AOF off reported as %+v", d)
+		}
+		if !strings.Contains(d.Describe(), "NOT durable") || !strings.Contains(d.Describe(), "AOF off") {
+			t.Fatalf("describe: %q", d.Describe())
+		}
+	})
+	t.Run("config refused", func(t *testing.T) {
+		// Managed services refuse CONFIG: the report says unknown, not an error.
+		srv := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
+		admin := raw(t, srv.Addr())
+		if err := admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-config").Err(); err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, "redis://app:secret@"+srv.Addr()+"/0", redisstore.Options{})
+		d := must(s.Durability(ctx))(t)
+		if d.Known || d.Safe() || !strings.Contains(d.Describe(), "unknown") {
+			t.Fatalf("refused CONFIG reported as %+v: %q", d, d.Describe())
+		}
+	})
+}
+
+// Every key of a run carries {RUN}, so each script's keys hash to one slot
+// and it runs on Redis Cluster.
+func TestKeysShareHashTag(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	ctx := tctx(t)
+	const run = "walk-1:a.b_c"
+
+	must(s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "test"}))(t)
+	must(s.Guard(ctx, guardReq(run, "k1")))(t)
+	derived := guardReq(run, "base")
+	derived.ExplicitKey = false
+	must(s.Guard(ctx, derived))(t)
+	retry := guardReq(run, "retry:s1:2")
+	retry.NotBefore = time.Now().Add(time.Hour)
+	must(s.Guard(ctx, retry))(t)
+	must(s.Cancel(ctx, state.CancelRequest{RunID: run, Actor: "op", DrainTimeout: time.Minute}))(t)
+	must(s.Tick(ctx, run, "finalizer"))(t)
+
+	var keys []string
+	it := raw(t, srv.Addr()).Scan(ctx, 0, "*", 100).Iterator()
+	for it.Next(ctx) {
+		keys = append(keys, it.Val())
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var ofRun int
+	for _, k := range keys {
+		if slices.Contains(redisstore.IndexKeys, k) {
+			continue
+		}
+		if hashTag(k) != run {
+			t.Errorf("key %q does not carry the hash tag {%s}", k, run)
+		}
+		ofRun++
+	}
+	if ofRun < 5 {
+		t.Fatalf("only %d keys of the run after the walk: %v", ofRun, keys)
+	}
+	for _, k := range redisstore.KeysOf(run) {
+		if got, want := slot(k), slot(redisstore.KeysOf(run)[0]); got != want {
+			t.Errorf("script key %q is in slot %d, the run row in %d", k, got, want)
+		}
+	}
+	if slot(redisstore.IndexKeys[0]) != slot(redisstore.IndexKeys[1]) {
+		t.Errorf("index keys %v are in different slots", redisstore.IndexKeys)
+	}
+}
+
+// hashTag is the part of a key Redis Cluster hashes: the text between the
+// first { and the next }, when not empty.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// slot is the Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag.
+func slot(key string) int {
+	var crc uint16
+	for _, b := range []byte(hashTag(key)) {
+		crc ^= uint16(b) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+func TestSlotMatchesRedis(t *testing.T) {
+	// Known values from the Redis Cluster specification.
+	for key, want := range map[string]int{"123456789": 12739, "{user1000}.following": slot("user1000"), "foo": 12182} {
+		if got := slot(key); got != want {
+			t.Errorf("slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+// Index entries are written before rows: an entry whose row never came (the
+// process died in between) is skipped by readers, kept while young (its row
+// may be on the way) and pruned once old.
+func TestIndexSkipsAndPrunesRowlessEntries(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "real", Actor: "test"}))(t)
+	now := time.Now().UnixMilli()
+	old := float64(now - redisstore.PruneGrace.Milliseconds() - 60_000)
+	for _, k := range redisstore.IndexKeys {
+		must(admin.ZAdd(ctx, k, redis.Z{Score: float64(now), Member: "young"}, redis.Z{Score: old, Member: "orphan"}).Result())(t)
+	}
+	rs := must(s.List(ctx, ""))(t)
+	if len(rs) != 1 || rs[0].ID != "real" {
+		t.Fatalf("list with rowless index entries: %+v", rs)
+	}
+	live := must(s.LiveRuns(ctx))(t)
+	if !slices.Equal(live, []string{"real"}) {
+		t.Fatalf("live runs with rowless index entries: %v", live)
+	}
+	for _, k := range redisstore.IndexKeys {
+		members := must(admin.ZRange(ctx, k, 0, -1).Result())(t)
+		slices.Sort(members)
+		if !slices.Equal(members, []string{"real", "young"}) {
+			t.Fatalf("%s after pruning: %v, want the old orphan gone and the young entry kept", k, members)
+		}
+	}
+
+	// A final run leaves the live set; the all-runs index keeps it.
+	must(s.Complete(ctx, state.CompleteRequest{RunID: "real", Version: 1, Actor: "w"}))(t)
+	if live := must(s.LiveRuns(ctx))(t); len(live) != 0 {
+		t.Fatalf("live runs after completion: %v", live)
+	}
+	if err := admin.ZScore(ctx, redisstore.IndexKeys[1], "real").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("completed run still in the live set (%v)", err)
+	}
+	if err := admin.ZScore(ctx, redisstore.IndexKeys[0], "real").Err(); err != nil {
+		t.Fatalf("completed run left the all-runs index: %v", err)
+	}
+}
+
+func TestOpenRejectsBadURLs(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"localhost:6379", "no scheme"},
+		{"http://localhost:6379", "unknown scheme"},
+		{"redis-sentinel://h1:26379,h2:26379/0", "master"},
+		{"redis-sentinel://h1:26379/0?master=m&foo=1", `unknown parameter "foo"`},
+		{"redis-sentinel://:hunter2@h1/0?master=m", "want host:port"},
+		{"redis-cluster://h1:7000,h2:notaport", "port"},
+		{"redis-cluster://h1:7000/3", "only database 0"},
+		{"redis-cluster://", "no cluster node address"},
+		{"redis-sentinel://h1:26379/x?master=m", "database"},
+		{"redis://localhost:6379/notadb", "database"},
+	} {
+		_, err := redisstore.Open(tctx(t), tc.url, redisstore.Options{})
+		if !errors.Is(err, state.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("open %q: got %v, want ErrInvalid mentioning %q", tc.url, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("open %q: the error shows the password: %v", tc.url, err)
+		}
+	}
+}
+
+// BenchmarkGuard measures the hot path: an admitted guard on an ACTIVE run,
+// each with a new explicit key (one script, one round trip).
+func BenchmarkGuard(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"aof=off", []string{"--appendonly", "no"}},
+		{"aof=always", []string{"--appendonly", "yes", "--appendfsync", "always"}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			// redisserver.Start takes a *testing.T; a benchmark starts its own.
+			srv := startLocal(b, tc.args...)
+			s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{})
+			ctx := context.Background()
+			must(s.Admit(ctx, state.AdmitRequest{RunID: "bench", Actor: "bench"}))(b)
+			b.ResetTimer()
+			for i := range b.N {
+				res, err := s.Guard(ctx, guardReq("bench", fmt.Sprintf("k%d", i)))
+				if err != nil || !res.Admitted {
+					b.Fatalf("guard %d: %+v %v", i, res, err)
+				}
+			}
+		})
+	}
+}
