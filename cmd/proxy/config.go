@@ -1,0 +1,283 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// serveConfig is everything stopgate serve is told, from flags and
+// STOPGATE_* variables, checked before anything starts.
+type serveConfig struct {
+	ProxyAddr   string // egress proxy listener
+	ControlAddr string // control API listener
+	// Store is a redis:// URL, or empty for the embedded store in DataDir.
+	Store   string
+	DataDir string
+	// Config is the YAML policy file; empty means none.
+	Config string
+	// Run is the static run every proxied request belongs to when it names
+	// none; empty means requests must name theirs.
+	Run            string
+	RequireDurable bool
+	ControlToken   string
+	// DrainTimeout is the drain of a cancel that names none.
+	DrainTimeout time.Duration
+	AutoAdmit    bool
+	LogLevel     slog.Level
+}
+
+// dbFile is the embedded store's file inside the data directory.
+const dbFile = "stopgate.db"
+
+// EmbeddedPath is the embedded store's data file.
+func (c serveConfig) EmbeddedPath() string { return filepath.Join(c.DataDir, dbFile) }
+
+// isRedisScheme reports whether a --store URL goes to the Redis store.
+func isRedisScheme(scheme string) bool {
+	switch scheme {
+	case "redis", "rediss", "redis-sentinel", "redis-cluster":
+		return true
+	}
+	return false
+}
+
+// newServeFlags defines serve's flags, with their defaults, on a fresh set.
+func newServeFlags() (*flag.FlagSet, *serveConfig) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	cfg := &serveConfig{LogLevel: slog.LevelInfo}
+	fs.StringVar(&cfg.ProxyAddr, "proxy-addr", "127.0.0.1:8080", "egress proxy listen address (host:port)")
+	fs.StringVar(&cfg.ControlAddr, "control-addr", "127.0.0.1:8081", "control API listen address (host:port)")
+	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
+	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+dbFile+") and the CA")
+	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
+	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
+	fs.Var(boolValue{&cfg.RequireDurable}, "require-durable", "refuse to start unless the store persists every write before acknowledging it")
+	fs.StringVar(&cfg.ControlToken, "control-token", "", "bearer token the control API requires (empty: none)")
+	cfg.DrainTimeout = 30 * time.Second
+	fs.Var(durationValue{&cfg.DrainTimeout}, "drain-timeout", "`duration` a cancel that names none may drain")
+	cfg.AutoAdmit = true
+	fs.Var(boolValue{&cfg.AutoAdmit}, "auto-admit", "admit an unseen run on its first request")
+	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
+	return fs, cfg
+}
+
+// envName is the variable that sets a serve flag: --control-addr is
+// STOPGATE_CONTROL_ADDR.
+func envName(flagName string) string {
+	return "STOPGATE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseServeConfig reads serve's command line over the environment (a flag
+// on the command line wins) and checks every value, naming the flag or the
+// variable that was wrong.
+func parseServeConfig(args []string, getenv func(string) string) (serveConfig, error) {
+	fs, cfg := newServeFlags()
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return serveConfig{}, flagError("serve", err)
+	}
+	if len(pos) > 0 {
+		return serveConfig{}, usagef("serve", "takes no arguments, got %q", pos)
+	}
+	// source names where each value came from, for the error messages.
+	source := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { source[f.Name] = "--" + f.Name })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if envErr != nil || source[f.Name] != "" {
+			return
+		}
+		name := envName(f.Name)
+		v := getenv(name)
+		if v == "" {
+			source[f.Name] = "--" + f.Name
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErr = usagef("serve", "%s=%q: %v", name, v, err)
+		}
+		source[f.Name] = name
+	})
+	if envErr != nil {
+		return serveConfig{}, envErr
+	}
+	if err := cfg.validate(source); err != nil {
+		return serveConfig{}, err
+	}
+	return *cfg, nil
+}
+
+func (c *serveConfig) validate(source map[string]string) error {
+	bad := func(name, format string, args ...any) error {
+		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+	}
+	for name, addr := range map[string]string{"proxy-addr": c.ProxyAddr, "control-addr": c.ControlAddr} {
+		if err := checkAddr(addr); err != nil {
+			return bad(name, "%q: %v", addr, err)
+		}
+	}
+	if c.ProxyAddr == c.ControlAddr {
+		return bad("control-addr", "%q is also the proxy address; the two listeners need different ports", c.ControlAddr)
+	}
+	if c.Store != "" {
+		// The scheme only: the Redis store parses the rest (hosts, database,
+		// Sentinel master) and its errors name the part that is wrong.
+		scheme, rest, ok := strings.Cut(c.Store, "://")
+		switch {
+		case !ok:
+			return bad("store", "%s has no scheme; want redis://HOST:PORT/DB, or no --store for the embedded store", redactURL(c.Store))
+		case !isRedisScheme(strings.ToLower(scheme)):
+			return bad("store", "scheme %q: want redis://, rediss://, redis-sentinel:// or redis-cluster://, or no --store for the embedded store", scheme)
+		case storeHost(rest) == "":
+			return bad("store", "%s has no host; want redis://HOST:PORT/DB", redactURL(c.Store))
+		}
+	}
+	if c.Store == "" && c.DataDir == "" {
+		return bad("data-dir", "is empty, and the embedded store lives there")
+	}
+	if c.Config != "" {
+		if st, err := os.Stat(c.Config); err != nil {
+			return bad("config", "%v", err)
+		} else if st.IsDir() {
+			return bad("config", "%s is a directory; want the YAML policy file", c.Config)
+		}
+	}
+	if c.Run != "" {
+		if err := state.ValidateRunID(c.Run); err != nil {
+			return bad("run", "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		}
+	}
+	if c.DrainTimeout < 0 {
+		return bad("drain-timeout", "%s is negative", c.DrainTimeout)
+	}
+	if c.DrainTimeout > 7*24*time.Hour {
+		return bad("drain-timeout", "%s is longer than 7 days", c.DrainTimeout)
+	}
+	return nil
+}
+
+// checkAddr accepts host:port with a numeric port; an empty host listens
+// on every interface, which an operator must ask for explicitly (":8081").
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port: %w", unwrapAddrErr(err))
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+func unwrapAddrErr(err error) error {
+	var ae *net.AddrError
+	if errors.As(err, &ae) {
+		return errors.New(ae.Err)
+	}
+	return err
+}
+
+// storeHost is the host part of a store URL after its scheme: the
+// authority without user and password.
+func storeHost(rest string) string {
+	authority, _, _ := strings.Cut(rest, "/")
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		authority = authority[at+1:]
+	}
+	return authority
+}
+
+// redactURL hides a password in a store URL before it is printed. It does
+// not parse the URL (Sentinel and Cluster URLs list several hosts, which
+// net/url refuses): it masks whatever sits between "://" and the last "@"
+// of the authority after the first ":".
+func redactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		if strings.Contains(s, "@") {
+			return "(a URL with credentials and no scheme)"
+		}
+		return s
+	}
+	authority, path, hasPath := strings.Cut(rest, "/")
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return s
+	}
+	user, _, hasPass := strings.Cut(authority[:at], ":")
+	if hasPass {
+		authority = user + ":xxxxx" + authority[at:]
+	}
+	if hasPath {
+		return scheme + "://" + authority + "/" + path
+	}
+	return scheme + "://" + authority
+}
+
+// The flag values below exist for their error messages, which the flag
+// package (or this file, for an environment variable) puts after the name:
+// "want a duration such as 30s" says more than "parse error".
+
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil {
+		return ""
+	}
+	return v.d.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration such as 30s or 2m")
+	}
+	*v.d = d
+	return nil
+}
+
+type boolValue struct{ b *bool }
+
+func (v boolValue) String() string   { return strconv.FormatBool(v.b != nil && *v.b) }
+func (v boolValue) IsBoolFlag() bool { return true }
+
+func (v boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("want true or false")
+	}
+	*v.b = b
+	return nil
+}
+
+type levelValue struct{ l *slog.Level }
+
+func (v levelValue) String() string {
+	if v.l == nil {
+		return ""
+	}
+	return strings.ToLower(v.l.String())
+}
+
+func (v levelValue) Set(s string) error {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return errors.New("want debug, info, warn or error")
+	}
+	*v.l = l
+	return nil
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"strings"
+)
+
+// parseInterspersed parses flags anywhere among args, as operators type
+// them ("cancel r1 --reason x" as well as "cancel --reason x r1"), and
+// returns the positional arguments in order. Everything after a bare "--"
+// is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		consumed := len(args) - len(rest)
+		if consumed > 0 && args[consumed-1] == "--" && !isFlagValue(fs, args, consumed-1) {
+			return append(pos, rest...), nil
+		}
+		// The flag package stops at the first positional: keep it and go on.
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// isFlagValue reports whether args[i] was consumed as the value of the
+// flag before it ("--reason --"), rather than being the terminator.
+func isFlagValue(fs *flag.FlagSet, args []string, i int) bool {
+	if i == 0 {
+		return false
+	}
+	prev := args[i-1]
+	if !strings.HasPrefix(prev, "-") || strings.Contains(prev, "=") {
+		return false
+	}
+	f := fs.Lookup(strings.TrimLeft(prev, "-"))
+	if f == nil {
+		return false
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return false
+	}
+	return true
+}
+
+// flagError turns the flag package's error into a usage error of verb,
+// leaving -h (flag.ErrHelp) as it is.
+func flagError(verb string, err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usagef(verb, "%v", err)
+}

@@ -1,0 +1,198 @@
+// Command stopgate serves the egress proxy and the control API, and is the
+// CLI on that API: admit, cancel, complete, status, runs, audit.
+//
+// This package holds flags and wiring only: the API is package control, its
+// client control/client, the state package state and its stores.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// Exit codes, documented in docs/cli.md.
+const (
+	exitOK      = 0
+	exitError   = 1 // the API refused, the store or the network failed
+	exitUsage   = 2 // bad verb, flag or argument
+	exitUnknown = 3 // cancel --wait: the run ended UNKNOWN
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := newCLI(os.Stdout, os.Stderr, os.Getenv).run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// cli is one invocation: where it writes and what environment it reads,
+// so tests can run it in-process.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	// pollEvery is how often cancel --wait reads the row, and waitSlack how
+	// long it waits past the drain deadline for the finalizer.
+	pollEvery time.Duration
+	waitSlack time.Duration
+}
+
+func newCLI(stdout, stderr io.Writer, getenv func(string) string) *cli {
+	return &cli{stdout: stdout, stderr: stderr, getenv: getenv, pollEvery: 250 * time.Millisecond, waitSlack: 10 * time.Second}
+}
+
+// usageError is a mistake in the command line: exit 2 with a hint.
+type usageError struct {
+	verb string
+	msg  string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(verb, format string, args ...any) error {
+	return &usageError{verb: verb, msg: fmt.Sprintf(format, args...)}
+}
+
+// exitCodeError carries an exit code other than 1 for an outcome that is
+// not a failure of the command itself (cancel --wait ending UNKNOWN).
+type exitCodeError struct {
+	code int
+	msg  string
+}
+
+func (e *exitCodeError) Error() string { return e.msg }
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(c.stderr, mainUsage)
+		return exitUsage
+	}
+	verb, rest := args[0], args[1:]
+	err := c.dispatch(ctx, verb, rest)
+	var ue *usageError
+	var ee *exitCodeError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		_ = c.help([]string{verb})
+		return exitOK
+	case errors.As(err, &ue):
+		if ue.verb == "" {
+			fmt.Fprintf(c.stderr, "stopgate: %s\nRun 'stopgate help' for usage.\n", ue.msg)
+		} else {
+			fmt.Fprintf(c.stderr, "stopgate %s: %s\nRun 'stopgate help %s' for usage.\n", ue.verb, ue.msg, ue.verb)
+		}
+		return exitUsage
+	case errors.As(err, &ee):
+		if ee.msg != "" {
+			fmt.Fprintf(c.stderr, "stopgate %s: %s\n", verb, ee.msg)
+		}
+		return ee.code
+	default:
+		fmt.Fprintf(c.stderr, "stopgate %s: %v\n", verb, err)
+		return exitError
+	}
+}
+
+func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
+	switch verb {
+	case "serve":
+		return c.serve(ctx, args)
+	case "admit":
+		return c.admit(ctx, args)
+	case "cancel":
+		return c.cancel(ctx, args)
+	case "complete":
+		return c.complete(ctx, args)
+	case "status":
+		return c.status(ctx, args)
+	case "runs":
+		return c.runs(ctx, args)
+	case "audit":
+		return c.audit(ctx, args)
+	case "help", "-h", "-help", "--help":
+		return c.help(args)
+	}
+	return usagef("", "unknown verb %q", verb)
+}
+
+func (c *cli) help(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.stdout, mainUsage)
+		return nil
+	}
+	if len(args) > 1 {
+		return usagef("help", "want at most one verb, got %d arguments", len(args))
+	}
+	text, ok := verbUsage(args[0])
+	if !ok {
+		return usagef("help", "unknown verb %q", args[0])
+	}
+	fmt.Fprint(c.stdout, text)
+	if fs := c.flagSet(args[0]); fs != nil {
+		fmt.Fprintln(c.stdout, "\nFlags:")
+		fs.SetOutput(c.stdout)
+		fs.PrintDefaults()
+	}
+	return nil
+}
+
+// flagSet returns the flags of a verb, for help; nil for a verb without.
+func (c *cli) flagSet(verb string) *flag.FlagSet {
+	switch verb {
+	case "serve":
+		fs, _ := newServeFlags()
+		return fs
+	case "admit", "cancel", "complete", "status", "runs", "audit":
+		fs, _ := c.verbFlags(verb)
+		return fs
+	}
+	return nil
+}
+
+const mainUsage = `stopgate: durable cancellation of AI-agent runs, enforced where effects leave the machine.
+
+Usage:
+  stopgate serve [flags]                       run the egress proxy and the control API
+  stopgate admit RUN                           create RUN ACTIVE at cancel_version 1
+  stopgate cancel RUN [--reason R] [--drain D] [--wait]
+                                               stop RUN: no new work; in-flight work drains for D
+  stopgate complete RUN [--version N]          mark RUN finished normally
+  stopgate status RUN [--json]                 show RUN's row and intent counts
+  stopgate runs [--status S] [--json]          list runs
+  stopgate audit RUN [--json]                  every effect and every transition of RUN
+  stopgate help [VERB]                         this text, or a verb's flags
+
+Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
+with --token (or $STOPGATE_TOKEN). Flags may come before or after RUN.
+Exit status: 0 ok, 1 error, 2 usage, 3 cancel --wait ended UNKNOWN.
+`
+
+func verbUsage(verb string) (string, bool) {
+	switch verb {
+	case "serve":
+		return "Usage: stopgate serve [flags]\n\nServes the control API on --control-addr over the store (--store, or the embedded\nstore in --data-dir). Every flag can also be set as STOPGATE_<FLAG> (e.g.\nSTOPGATE_CONTROL_ADDR); a flag on the command line wins.\n", true
+	case "admit":
+		return "Usage: stopgate admit RUN [--json]\n\nCreates RUN ACTIVE at cancel_version 1; an ACTIVE run is left as it is.\nA run that was cancelled or completed is refused (exit 1).\n", true
+	case "cancel":
+		return "Usage: stopgate cancel RUN [--reason R] [--drain D] [--wait] [--json]\n\nMoves RUN to CANCELLING: nothing new of it starts, from now on, anywhere.\nIn-flight work may finish until the drain deadline (D, default the server's).\nA run never seen gets a CANCELLED tombstone so it can never start.\nWith --wait, waits until RUN leaves CANCELLING (at most the drain deadline plus 10s)\nand exits 0 when CANCELLED, 3 when UNKNOWN, 1 when still CANCELLING.\n", true
+	case "complete":
+		return "Usage: stopgate complete RUN [--version N] [--json]\n\nMoves RUN from ACTIVE to COMPLETED, only if it is still at cancel_version N\n(default: the version it has now).\n", true
+	case "status":
+		return "Usage: stopgate status RUN [--json]\n\nShows RUN's row: status, cancel_version, reasons, times and intent counts.\n", true
+	case "runs":
+		return "Usage: stopgate runs [--status S] [--json]\n\nLists runs, ordered by id; S is ACTIVE, CANCELLING, CANCELLED, COMPLETED or UNKNOWN.\n", true
+	case "audit":
+		return "Usage: stopgate audit RUN [--json]\n\nShows every intent (effect) of RUN and every transition of its audit log.\n", true
+	case "help":
+		return "Usage: stopgate help [VERB]\n", true
+	}
+	return "", false
+}

@@ -1,0 +1,340 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/state"
+)
+
+// DefaultControlURL is where the client verbs look for the control API.
+const DefaultControlURL = "http://127.0.0.1:8081"
+
+// verbOpts holds the flags of every client verb; each verb defines the
+// ones it takes.
+type verbOpts struct {
+	control string
+	token   string
+	json    bool
+	reason  string
+	drain   *time.Duration
+	wait    bool
+	version int64
+	status  string
+}
+
+func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
+	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by run
+	fs.Usage = func() {}     // -h is answered by run, other errors name the flag
+	o := &verbOpts{}
+	// Defaults come from the environment after parsing, so -h never
+	// prints a token.
+	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
+	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default $STOPGATE_TOKEN)")
+	fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
+	switch verb {
+	case "cancel":
+		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
+		fs.Func("drain", "`duration` in-flight work may finish, e.g. 30s or 30 (default: the server's --drain-timeout)", func(s string) error {
+			d, err := control.ParseDuration(s)
+			if err != nil {
+				return err
+			}
+			if d < 0 {
+				return fmt.Errorf("drain %s is negative", d)
+			}
+			o.drain = &d
+			return nil
+		})
+		fs.BoolVar(&o.wait, "wait", false, "wait until the run leaves CANCELLING, then summarize")
+	case "complete":
+		fs.Int64Var(&o.version, "version", 0, "the cancel_version to complete at (default: the run's current one)")
+		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
+	case "runs":
+		fs.StringVar(&o.status, "status", "", "only runs with this status: ACTIVE, CANCELLING, CANCELLED, COMPLETED, UNKNOWN")
+	}
+	return fs, o
+}
+
+// parseVerb parses a client verb's command line, checks it names exactly
+// want positional arguments (RUN for most verbs), and returns a client.
+func (c *cli) parseVerb(verb string, args []string, want int) (*client.Client, *verbOpts, []string, error) {
+	fs, o := c.verbFlags(verb)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return nil, nil, nil, flagError(verb, err)
+	}
+	if len(pos) != want {
+		if want == 0 {
+			return nil, nil, nil, usagef(verb, "takes no arguments, got %q", pos)
+		}
+		if len(pos) == 0 {
+			return nil, nil, nil, usagef(verb, "missing RUN")
+		}
+		return nil, nil, nil, usagef(verb, "want one RUN, got %d arguments %q", len(pos), pos)
+	}
+	for _, id := range pos {
+		// Checked here too, so that an id the API would refuse is a usage
+		// error (exit 2) and never reaches a URL path.
+		if err := state.ValidateRunID(id); err != nil {
+			return nil, nil, nil, usagef(verb, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		}
+	}
+	if o.version < 0 {
+		return nil, nil, nil, usagef(verb, "--version %d: want a cancel_version of 1 or more", o.version)
+	}
+	if o.control == "" {
+		o.control = c.getenv("STOPGATE_CONTROL")
+	}
+	if o.control == "" {
+		o.control = DefaultControlURL
+	}
+	if o.token == "" {
+		o.token = c.getenv("STOPGATE_TOKEN")
+	}
+	cl, err := client.New(o.control, client.Options{Token: o.token, Actor: c.actor()})
+	if err != nil {
+		return nil, nil, nil, usagef(verb, "--control (or STOPGATE_CONTROL): %v", err)
+	}
+	return cl, o, pos, nil
+}
+
+// actor names the operator in the audit log: cli:$USER.
+func (c *cli) actor() string {
+	user := c.getenv("USER")
+	if user == "" {
+		return "cli"
+	}
+	a := []byte("cli:")
+	for i := 0; i < len(user) && len(a) < control.MaxActorLen; i++ {
+		if b := user[i]; b >= 0x21 && b <= 0x7e {
+			a = append(a, b)
+		}
+	}
+	return string(a)
+}
+
+// printJSON writes the API's object as it came, one per line.
+func (c *cli) printJSON(body []byte) {
+	fmt.Fprintf(c.stdout, "%s\n", body)
+}
+
+func (c *cli) admit(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("admit", args, 1)
+	if err != nil {
+		return err
+	}
+	reply, err := cl.Admit(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	run := reply.Value
+	if reply.StatusCode == http.StatusCreated {
+		fmt.Fprintf(c.stdout, "admitted %s: %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
+	} else {
+		fmt.Fprintf(c.stdout, "%s was already %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
+	}
+	return nil
+}
+
+func (c *cli) cancel(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("cancel", args, 1)
+	if err != nil {
+		return err
+	}
+	reply, err := cl.Cancel(ctx, pos[0], client.CancelOptions{Reason: o.reason, Drain: o.drain})
+	if err != nil {
+		return err
+	}
+	if !o.wait {
+		if o.json {
+			c.printJSON(reply.Body)
+		} else {
+			printCancel(c.stdout, reply.Value)
+		}
+		return nil
+	}
+	if !o.json {
+		printCancel(c.stdout, reply.Value)
+	}
+	return c.waitCancel(ctx, cl, o, reply.Value.Run)
+}
+
+// waitCancel polls the row until it leaves CANCELLING, bounded by the
+// drain deadline plus waitSlack, then says how the run ended.
+func (c *cli) waitCancel(ctx context.Context, cl *client.Client, o *verbOpts, run state.Run) error {
+	bound := c.waitSlack
+	if !run.DrainDeadline.IsZero() {
+		bound += max(time.Until(run.DrainDeadline), 0)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	reply, err := c.pollSettled(waitCtx, cl, run.ID)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+	}
+	final := reply.Value
+	switch final.Status {
+	case state.StatusCancelled:
+		if !o.json {
+			printFinal(c.stdout, final)
+		}
+		return nil
+	case state.StatusUnknown:
+		if !o.json {
+			printFinal(c.stdout, final)
+			intents, err := cl.Intents(ctx, final.ID)
+			if err != nil {
+				return &exitCodeError{code: exitUnknown, msg: fmt.Sprintf("listing the UNKNOWN intents: %v", err)}
+			}
+			printUnknown(c.stdout, final.ID, intents.Value.Intents)
+		}
+		return &exitCodeError{code: exitUnknown}
+	case state.StatusCancelling:
+		return fmt.Errorf("%s is still CANCELLING after waiting %s (drain deadline %s plus %s); is the finalizer of stopgate serve running?",
+			safe(final.ID), bound.Round(100*time.Millisecond), fmtTime(final.DrainDeadline), c.waitSlack)
+	default:
+		// Nothing else can follow a cancel; say what the row says.
+		return fmt.Errorf("%s is %s at cancel_version %d", safe(final.ID), final.Status, final.CancelVersion)
+	}
+}
+
+// pollSettled reads the row until it is no longer CANCELLING or ctx ends,
+// and returns the last row read. Failures that may pass (the store or the
+// server restarting) are retried until then.
+func (c *cli) pollSettled(ctx context.Context, cl *client.Client, runID string) (client.Reply[state.Run], error) {
+	var last client.Reply[state.Run]
+	var lastErr error
+	for {
+		r, err := cl.Run(ctx, runID)
+		switch {
+		case err == nil:
+			last, lastErr = r, nil
+			if r.Value.Status != state.StatusCancelling {
+				return last, nil
+			}
+		case ctx.Err() == nil && !retryable(err):
+			return last, err
+		default:
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			if last.Body == nil {
+				return last, fmt.Errorf("reading %s while waiting: %w", runID, cmp.Or(lastErr, ctx.Err()))
+			}
+			return last, nil
+		case <-time.After(c.pollEvery):
+		}
+	}
+}
+
+// retryable reports whether a failed poll may succeed on the next one.
+func retryable(err error) bool {
+	var ae *client.APIError
+	if errors.As(err, &ae) {
+		return ae.StatusCode == http.StatusServiceUnavailable || ae.StatusCode == http.StatusBadGateway || ae.StatusCode == http.StatusGatewayTimeout
+	}
+	return true // the connection failed: the server may be restarting
+}
+
+func (c *cli) complete(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("complete", args, 1)
+	if err != nil {
+		return err
+	}
+	version := o.version
+	if version == 0 {
+		// Completing at the version just read still refuses a run that is
+		// cancelled in between: the store compares it atomically.
+		cur, err := cl.Run(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		version = cur.Value.CancelVersion
+	}
+	reply, err := cl.Complete(ctx, pos[0], version, o.reason)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "completed %s at cancel_version %d\n", safe(reply.Value.ID), reply.Value.CancelVersion)
+	return nil
+}
+
+func (c *cli) status(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("status", args, 1)
+	if err != nil {
+		return err
+	}
+	reply, err := cl.Run(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	printRun(c.stdout, reply.Value)
+	return nil
+}
+
+func (c *cli) runs(ctx context.Context, args []string) error {
+	cl, o, _, err := c.parseVerb("runs", args, 0)
+	if err != nil {
+		return err
+	}
+	var status state.Status
+	if o.status != "" {
+		if status, err = state.ParseStatus(o.status); err != nil {
+			return usagef("runs", "--status %q: want ACTIVE, CANCELLING, CANCELLED, COMPLETED or UNKNOWN", o.status)
+		}
+	}
+	reply, err := cl.Runs(ctx, status)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	printRuns(c.stdout, reply.Value.Runs)
+	return nil
+}
+
+func (c *cli) audit(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("audit", args, 1)
+	if err != nil {
+		return err
+	}
+	reply, err := cl.Audit(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	printAudit(c.stdout, reply.Value)
+	return nil
+}
