@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/filestore"
+)
+
+// These run the CLI in-process against a real control API over the real
+// embedded store; e2e_test.go runs the built binary.
+
+func TestParseInterspersed(t *testing.T) {
+	tests := []struct {
+		args    []string
+		pos     []string
+		reason  string
+		wait    bool
+		wantErr bool
+	}{
+		{args: []string{"r1"}, pos: []string{"r1"}},
+		{args: []string{"r1", "--reason", "x", "--wait"}, pos: []string{"r1"}, reason: "x", wait: true},
+		{args: []string{"--reason=x", "r1", "--wait"}, pos: []string{"r1"}, reason: "x", wait: true},
+		{args: []string{"-wait", "r1", "r2"}, pos: []string{"r1", "r2"}, wait: true},
+		{args: []string{"--", "--wait"}, pos: []string{"--wait"}},
+		{args: []string{"r1", "--reason", "--", "--wait"}, pos: []string{"r1"}, reason: "--", wait: true},
+		{args: []string{"r1", "--bogus"}, wantErr: true},
+		{args: []string{"r1", "--reason"}, wantErr: true},
+	}
+	for _, tc := range tests {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(&bytes.Buffer{})
+		reason := fs.String("reason", "", "")
+		wait := fs.Bool("wait", false, "")
+		pos, err := parseInterspersed(fs, tc.args)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%q: err %v, want error %v", tc.args, err, tc.wantErr)
+			continue
+		}
+		if tc.wantErr {
+			continue
+		}
+		if !slices.Equal(pos, tc.pos) || *reason != tc.reason || *wait != tc.wait {
+			t.Errorf("%q: got %q reason=%q wait=%v; want %q reason=%q wait=%v", tc.args, pos, *reason, *wait, tc.pos, tc.reason, tc.wait)
+		}
+	}
+}
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestServeConfig(t *testing.T) {
+	cfg, err := parseServeConfig(nil, env(nil))
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", DataDir: "./stopgate-data",
+		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo}
+	if cfg != want {
+		t.Fatalf("defaults %+v, want %+v", cfg, want)
+	}
+	if cfg.EmbeddedPath() != filepath.Join("stopgate-data", "stopgate.db") {
+		t.Errorf("embedded path %s", cfg.EmbeddedPath())
+	}
+
+	e := env(map[string]string{
+		"STOPGATE_CONTROL_ADDR": "127.0.0.1:9001", "STOPGATE_DRAIN_TIMEOUT": "5s", "STOPGATE_AUTO_ADMIT": "false",
+		"STOPGATE_STORE": "redis://127.0.0.1:6379/0", "STOPGATE_REQUIRE_DURABLE": "true", "STOPGATE_LOG_LEVEL": "debug",
+		"STOPGATE_CONTROL_TOKEN": "tok", "STOPGATE_RUN": "static-1",
+	})
+	cfg, err = parseServeConfig([]string{"--control-addr", "127.0.0.1:9002"}, e)
+	if err != nil {
+		t.Fatalf("env: %v", err)
+	}
+	if cfg.ControlAddr != "127.0.0.1:9002" {
+		t.Errorf("flag did not win over env: %s", cfg.ControlAddr)
+	}
+	if cfg.DrainTimeout != 5*time.Second || cfg.AutoAdmit || !cfg.RequireDurable || cfg.LogLevel != slog.LevelDebug ||
+		cfg.Store != "redis://127.0.0.1:6379/0" || cfg.ControlToken != "tok" || cfg.Run != "static-1" {
+		t.Errorf("env not applied: %+v", cfg)
+	}
+	cfg, err = parseServeConfig([]string{"--auto-admit=true", "--drain-timeout", "0s"}, e)
+	if err != nil || !cfg.AutoAdmit || cfg.DrainTimeout != 0 {
+		t.Errorf("flags over env: %+v, %v", cfg, err)
+	}
+
+	bad := []struct {
+		args []string
+		env  map[string]string
+		say  string
+	}{
+		{[]string{"--drain-timeout", "soon"}, nil, "-drain-timeout: want a duration"},
+		{nil, map[string]string{"STOPGATE_DRAIN_TIMEOUT": "soon"}, "STOPGATE_DRAIN_TIMEOUT=\"soon\": want a duration"},
+		{[]string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: -1s is negative"},
+		{nil, map[string]string{"STOPGATE_AUTO_ADMIT": "maybe"}, "STOPGATE_AUTO_ADMIT=\"maybe\": want true or false"},
+		{[]string{"--control-addr", "localhost"}, nil, "--control-addr: \"localhost\": want host:port"},
+		{nil, map[string]string{"STOPGATE_PROXY_ADDR": "127.0.0.1:http"}, "STOPGATE_PROXY_ADDR: \"127.0.0.1:http\": port"},
+		{[]string{"--proxy-addr", "127.0.0.1:99999"}, nil, "--proxy-addr"},
+		{[]string{"--proxy-addr", "127.0.0.1:9000", "--control-addr", "127.0.0.1:9000"}, nil, "different ports"},
+		{[]string{"--store", "postgres://db/x"}, nil, "--store: scheme \"postgres\""},
+		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: localhost:6379 has no scheme"},
+		{[]string{"--store", "redis://:hunter2@/0"}, nil, "has no host"},
+		{[]string{"--log-level", "loud"}, nil, "-log-level: want debug, info, warn or error"},
+		{[]string{"--run", "has space"}, nil, "--run: run id \"has space\""},
+		{[]string{"--config", "/nonexistent/policy.yaml"}, nil, "--config"},
+		{[]string{"--bogus"}, nil, "flag provided but not defined: -bogus"},
+		{[]string{"extra"}, nil, "takes no arguments"},
+	}
+	for _, tc := range bad {
+		_, err := parseServeConfig(tc.args, env(tc.env))
+		var ue *usageError
+		if !errors.As(err, &ue) {
+			t.Errorf("%q %v: got %v, want a usage error", tc.args, tc.env, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.say) {
+			t.Errorf("%q %v: message %q does not say %q", tc.args, tc.env, err, tc.say)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("message leaks the password: %q", err)
+		}
+	}
+}
+
+// harness is a control API on the embedded store, and a CLI pointed at it.
+type harness struct {
+	store *filestore.Store
+	url   string
+}
+
+func newHarness(t *testing.T, token string) *harness {
+	t.Helper()
+	store, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h, err := control.New(control.Options{Store: store, Token: token, DrainTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &harness{store: store, url: srv.URL}
+}
+
+// cli runs one command line in-process and returns exit code and output.
+func (h *harness) cli(t *testing.T, extraEnv map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	e := map[string]string{"STOPGATE_CONTROL": h.url, "USER": "tester"}
+	for k, v := range extraEnv {
+		e[k] = v
+	}
+	var stdout, stderr bytes.Buffer
+	c := newCLI(&stdout, &stderr, env(e))
+	c.pollEvery = 20 * time.Millisecond
+	c.waitSlack = 500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	code := c.run(ctx, args)
+	return code, stdout.String(), stderr.String()
+}
+
+func (h *harness) want(t *testing.T, args []string, code int, stdoutHas, stderrHas string) string {
+	t.Helper()
+	got, out, errOut := h.cli(t, nil, args...)
+	if got != code || !strings.Contains(out, stdoutHas) || !strings.Contains(errOut, stderrHas) {
+		t.Fatalf("stopgate %q: exit %d, want %d\nstdout: %s\nstderr: %s\nwant stdout to have %q, stderr %q", args, got, code, out, errOut, stdoutHas, stderrHas)
+	}
+	return out
+}
+
+func TestVerbs(t *testing.T) {
+	h := newHarness(t, "")
+	h.want(t, []string{"admit", "r1"}, 0, "admitted r1: ACTIVE at cancel_version 1", "")
+	h.want(t, []string{"admit", "r1"}, 0, "r1 was already ACTIVE at cancel_version 1", "")
+	h.want(t, []string{"status", "r1"}, 0, "cancel_version  1", "")
+	h.want(t, []string{"cancel", "r1", "--reason", "test", "--drain", "45"}, 0, "r1 is CANCELLING at cancel_version 2", "")
+	h.want(t, []string{"cancel", "--reason", "again", "r1"}, 0, "r1 was already CANCELLING at cancel_version 2; nothing changed", "")
+	out := h.want(t, []string{"status", "--json", "r1"}, 0, `"status":"CANCELLING"`, "")
+	if !strings.Contains(out, `"cancel_version":2`) || !strings.Contains(out, `"reason":"test"`) || strings.Count(out, "\n") != 1 {
+		t.Errorf("status --json: %s", out)
+	}
+	h.want(t, []string{"status", "r1"}, 0, "reason          test", "")
+	h.want(t, []string{"admit", "r1"}, 1, "", "run_not_active: run r1 is CANCELLING at cancel_version 2")
+	h.want(t, []string{"runs", "--status", "cancelling"}, 0, "r1", "")
+	h.want(t, []string{"runs", "--status", "ACTIVE"}, 0, "no runs", "")
+	h.want(t, []string{"runs", "--json"}, 0, `{"runs":[{"run_id":"r1"`, "")
+
+	// complete reads the version itself, and the API refuses a stale one.
+	h.want(t, []string{"admit", "r2"}, 0, "admitted", "")
+	h.want(t, []string{"complete", "r2", "--version", "3"}, 1, "", "stale_version")
+	h.want(t, []string{"complete", "r2"}, 0, "completed r2 at cancel_version 1", "")
+	h.want(t, []string{"complete", "r1"}, 1, "", "run_not_active")
+	h.want(t, []string{"cancel", "r2"}, 1, "", "run_not_active: run r2 is COMPLETED")
+
+	// The actor reaches the audit log.
+	out = h.want(t, []string{"audit", "r1"}, 0, "Events (2):", "")
+	for _, s := range []string{"cli:tester", "run.cancel", "ACTIVE -> CANCELLING", "Intents (0):"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("audit lacks %q:\n%s", s, out)
+		}
+	}
+	out = h.want(t, []string{"audit", "r1", "--json"}, 0, `{"run":{"run_id":"r1"`, "")
+	if !strings.Contains(out, `"intents":[]`) || !strings.Contains(out, `"events":[{`) {
+		t.Errorf("audit --json: %s", out)
+	}
+
+	h.want(t, []string{"status", "nope"}, 1, "", "run nope not found")
+	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was never admitted: recorded CANCELLED at cancel_version 2", "")
+}
+
+func TestUsageErrors(t *testing.T) {
+	h := newHarness(t, "")
+	for _, tc := range []struct {
+		args []string
+		say  string
+	}{
+		{nil, "Usage:"},
+		{[]string{"frobnicate"}, `unknown verb "frobnicate"`},
+		{[]string{"admit"}, "stopgate admit: missing RUN"},
+		{[]string{"admit", "a", "b"}, "want one RUN, got 2"},
+		{[]string{"admit", "bad id"}, "run id"},
+		{[]string{"cancel", "r1", "--drain", "soon"}, "drain_timeout: want a duration"},
+		{[]string{"cancel", "r1", "--drain", "-3s"}, "negative"},
+		{[]string{"cancel", "r1", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"complete", "r1", "--version", "x"}, "-version"},
+		{[]string{"runs", "r1"}, "takes no arguments"},
+		{[]string{"runs", "--status", "RUNNING"}, `--status "RUNNING"`},
+		{[]string{"status", "r1", "--control", "ftp://x"}, "--control (or STOPGATE_CONTROL)"},
+		{[]string{"help", "nope"}, `unknown verb "nope"`},
+	} {
+		code, _, errOut := h.cli(t, nil, tc.args...)
+		if code != exitUsage || !strings.Contains(errOut, tc.say) {
+			t.Errorf("stopgate %q: exit %d, stderr %q; want %d saying %q", tc.args, code, errOut, exitUsage, tc.say)
+		}
+	}
+	if code, out, _ := h.cli(t, nil, "help", "cancel"); code != 0 || !strings.Contains(out, "-drain") || !strings.Contains(out, "--wait") {
+		t.Errorf("help cancel: %d %s", code, out)
+	}
+	if code, out, _ := h.cli(t, nil, "cancel", "-h"); code != 0 || !strings.Contains(out, "Usage: stopgate cancel") {
+		t.Errorf("cancel -h: %d %s", code, out)
+	}
+	if code, out, _ := h.cli(t, nil, "help"); code != 0 || !strings.Contains(out, "stopgate serve") {
+		t.Errorf("help: %d %s", code, out)
+	}
+}
+
+func TestToken(t *testing.T) {
+	h := newHarness(t, "s3cret")
+	h.want(t, []string{"admit", "r1"}, 1, "", "missing or wrong bearer token")
+	h.want(t, []string{"admit", "r1", "--token", "wrong"}, 1, "", "missing or wrong bearer token")
+	h.want(t, []string{"admit", "r1", "--token", "s3cret"}, 0, "admitted", "")
+	if code, out, _ := h.cli(t, map[string]string{"STOPGATE_TOKEN": "s3cret"}, "status", "r1"); code != 0 || !strings.Contains(out, "ACTIVE") {
+		t.Errorf("STOPGATE_TOKEN not used: %d %s", code, out)
+	}
+}
+
+func TestUnreachableControl(t *testing.T) {
+	h := newHarness(t, "")
+	code, _, errOut := h.cli(t, map[string]string{"STOPGATE_CONTROL": "http://127.0.0.1:1"}, "status", "r1")
+	if code != exitError || !strings.Contains(errOut, "cannot reach the control API at http://127.0.0.1:1") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// finalizer ticks the run on the real store, as serve's finalizer loop
+// will, until the test ends.
+func finalizer(t *testing.T, store state.Store, runID string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			_, _ = store.Tick(ctx, runID, "finalizer:test")
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+func TestCancelWait(t *testing.T) {
+	h := newHarness(t, "")
+	ctx := context.Background()
+
+	t.Run("Cancelled", func(t *testing.T) {
+		h.want(t, []string{"admit", "drained"}, 0, "admitted", "")
+		finalizer(t, h.store, "drained")
+		out := h.want(t, []string{"cancel", "drained", "--wait"}, 0, "drained is CANCELLED (drained) at cancel_version 2", "")
+		if !strings.Contains(out, "intents: none") {
+			t.Errorf("summary lacks the counts:\n%s", out)
+		}
+	})
+
+	t.Run("Tombstone", func(t *testing.T) {
+		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, 0, `"status":"CANCELLED"`, "")
+	})
+
+	t.Run("Unknown", func(t *testing.T) {
+		h.want(t, []string{"admit", "cut"}, 0, "admitted", "")
+		g, err := h.store.Guard(ctx, state.GuardRequest{RunID: "cut", Key: "charge-42", ExplicitKey: true, Boundary: state.BoundaryHTTP,
+			Method: "POST", Target: "https://api.example.com/v1/charges", LeaseOwner: "proxy:test", LeaseTTL: time.Minute, Actor: "proxy:test"})
+		if err != nil || !g.Admitted {
+			t.Fatalf("guard: %+v %v", g, err)
+		}
+		finalizer(t, h.store, "cut")
+		code, out, errOut := h.cli(t, nil, "cancel", "cut", "--drain", "0s", "--wait")
+		if code != exitUnknown {
+			t.Fatalf("exit %d, want %d\n%s\n%s", code, exitUnknown, out, errOut)
+		}
+		for _, s := range []string{"cut is UNKNOWN (drain_timeout)", "UNKNOWN=1", "charge-42", "https://api.example.com/v1/charges", "stopgate resolve cut charge-42 --applied|--not-applied"} {
+			if !strings.Contains(out, s) {
+				t.Errorf("summary lacks %q:\n%s", s, out)
+			}
+		}
+	})
+
+	t.Run("StillCancellingAtBound", func(t *testing.T) {
+		h.want(t, []string{"admit", "stuck"}, 0, "admitted", "")
+		// No finalizer: nothing moves the run on, and the wait must end.
+		start := time.Now()
+		h.want(t, []string{"cancel", "stuck", "--drain", "0", "--wait"}, 1, "stuck is CANCELLING", "stuck is still CANCELLING after waiting")
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("wait took %s, want it bounded by the drain plus the slack", d)
+		}
+	})
+}
+
+// TestSafeText: text from the record never drives the terminal.
+func TestSafeText(t *testing.T) {
+	if got := safe("stop\x1b[2Jnow"); strings.ContainsRune(got, 0x1b) {
+		t.Errorf("escape passed through: %q", got)
+	}
+	if got := safe("plain reason"); got != "plain reason" {
+		t.Errorf("plain text changed: %q", got)
+	}
+	if got := redactURL("redis://user:hunter2@h:6379/0"); strings.Contains(got, "hunter2") || !strings.Contains(got, "h:6379/0") {
+		t.Errorf("redact: %q", got)
+	}
+	if got := redactURL("redis-sentinel://:pw@a:1,b:2/0?master=m"); strings.Contains(got, "pw@") {
+		t.Errorf("redact sentinel: %q", got)
+	}
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/state"
+)
+
+// The end-to-end tests run the stopgate binary as an operator would: built
+// once by TestMain, serving on free loopback ports, driven by its own CLI.
+
+// binary is the stopgate built by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "stopgate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "temp dir:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "stopgate")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "go not on PATH:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, gobin, "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// server is one `stopgate serve` process.
+type server struct {
+	t       *testing.T
+	args    []string
+	control string // http://host:port
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error // of Wait, once done is closed
+}
+
+// startServe starts `stopgate serve` with args on fresh loopback ports and
+// waits until /healthz answers.
+func startServe(t *testing.T, args ...string) *server {
+	t.Helper()
+	s := &server{
+		t:       t,
+		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t)}, args...),
+		logPath: filepath.Join(t.TempDir(), "serve.log"),
+	}
+	s.control = "http://" + s.args[2]
+	s.start()
+	t.Cleanup(s.kill9)
+	return s
+}
+
+func (s *server) start() {
+	s.t.Helper()
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(binary, s.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = cleanEnv()
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start stopgate serve: %v", err)
+	}
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func() { s.err = cmd.Wait(); _ = logf.Close(); close(s.done) }()
+
+	hc := &http.Client{Timeout: 500 * time.Millisecond}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := hc.Get(s.control + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-s.done:
+			s.t.Fatalf("stopgate serve exited at start (%v):\n%s", s.err, s.log())
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	s.t.Fatalf("stopgate serve did not answer /healthz within 15s:\n%s", s.log())
+}
+
+func (s *server) log() string {
+	b, _ := os.ReadFile(s.logPath)
+	return string(b)
+}
+
+// kill9 ends the process as a crash would: no shutdown, no flush.
+func (s *server) kill9() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	s.cmd = nil
+}
+
+// stop sends SIGTERM and waits (bounded) for a clean exit.
+func (s *server) stop() error {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		s.cmd = nil
+		return s.err
+	case <-time.After(15 * time.Second):
+		s.kill9()
+		return fmt.Errorf("did not exit within 15s of SIGTERM")
+	}
+}
+
+// cleanEnv is the test's environment without STOPGATE_* variables, so a
+// developer's own settings cannot change what the tests see.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STOPGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// stopgate runs one CLI command line against s and returns its exit code
+// and output.
+func (s *server) stopgate(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	return runBinary(t, []string{"STOPGATE_CONTROL=" + s.control}, args...)
+}
+
+func runBinary(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("stopgate %q: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return code, stdout.String(), stderr.String()
+}
+
+// must runs a command line that must exit with code, and returns stdout.
+func (s *server) must(t *testing.T, code int, args ...string) string {
+	t.Helper()
+	got, out, errOut := s.stopgate(t, args...)
+	if got != code {
+		t.Fatalf("stopgate %s: exit %d, want %d\nstdout: %s\nstderr: %s\nserve log:\n%s", strings.Join(args, " "), got, code, out, errOut, s.log())
+	}
+	t.Logf("$ stopgate %s  (exit %d)\n%s%s", strings.Join(args, " "), got, out, errOut)
+	if code == 0 {
+		return out
+	}
+	return errOut
+}
+
+func TestEndToEnd(t *testing.T) {
+	s := startServe(t, "--data-dir", t.TempDir())
+	s.must(t, 0, "admit", "r1")
+	s.must(t, 0, "cancel", "r1", "--reason", "test")
+	out := s.must(t, 0, "status", "r1", "--json")
+	if !strings.Contains(out, `"status":"CANCELLING"`) || !strings.Contains(out, `"cancel_version":2`) {
+		t.Fatalf("status --json: %s", out)
+	}
+	var row state.Run
+	if err := json.Unmarshal([]byte(out), &row); err != nil || row.ID != "r1" || row.Reason != "test" {
+		t.Fatalf("status --json is not the row: %v %s", err, out)
+	}
+	out = s.must(t, 0, "runs", "--status", "CANCELLING")
+	if !strings.Contains(out, "r1") {
+		t.Fatalf("runs --status CANCELLING does not list r1:\n%s", out)
+	}
+	s.must(t, 0, "status", "r1")
+
+	msg := s.must(t, 1, "status", "nope")
+	if !strings.Contains(msg, "run nope not found") {
+		t.Errorf("unknown run: %q", msg)
+	}
+	msg = s.must(t, 1, "admit", "r1")
+	if !strings.Contains(msg, "run_not_active") {
+		t.Errorf("admit after cancel: %q", msg)
+	}
+	for _, tc := range []struct {
+		args []string
+		say  string
+	}{
+		{[]string{"frobnicate"}, `unknown verb "frobnicate"`},
+		{[]string{"cancel", "r1", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"cancel"}, "missing RUN"},
+		{[]string{"runs", "--status", "RUNNING"}, `--status "RUNNING"`},
+	} {
+		if msg := s.must(t, 2, tc.args...); !strings.Contains(msg, tc.say) {
+			t.Errorf("stopgate %q: %q does not say %q", tc.args, msg, tc.say)
+		}
+	}
+
+	// SIGTERM is a clean shutdown, store closed last.
+	if err := s.stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, s.log())
+	}
+	if !strings.Contains(s.log(), "store closed") {
+		t.Errorf("serve log lacks the store close:\n%s", s.log())
+	}
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		code int
+		say  string
+	}{
+		{nil, []string{"--drain-timeout", "soon"}, 2, "-drain-timeout: want a duration"},
+		{[]string{"STOPGATE_CONTROL_ADDR=nowhere"}, nil, 2, `STOPGATE_CONTROL_ADDR: "nowhere": want host:port`},
+		{nil, []string{"--store", "postgres://db/x"}, 2, `--store: scheme "postgres"`},
+		{nil, []string{"--store", "redis://127.0.0.1:6379/notanumber"}, 2, "--store"},
+		{nil, []string{"--control-addr", busy.Addr().String(), "--data-dir", dir}, 1, "--control-addr " + busy.Addr().String()},
+	} {
+		code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", freeAddr(t)}, tc.args...)...)
+		if code != tc.code || !strings.Contains(errOut, tc.say) {
+			t.Errorf("serve %q %q: exit %d, want %d saying %q; stderr:\n%s", tc.env, tc.args, code, tc.code, tc.say, errOut)
+		}
+	}
+}
+
+// TestCancelSurvivesKill9OfStopgateAndRedis: an acknowledged cancel is in
+// the store, not in a process; killing both processes does not undo it.
+func TestCancelSurvivesKill9OfStopgateAndRedis(t *testing.T) {
+	t.Run("Redis", func(t *testing.T) {
+		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
+		s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
+		if !strings.Contains(s.log(), "durable=true") {
+			t.Errorf("serve did not report the Redis persistence:\n%s", s.log())
+		}
+		crashAndCheck(t, s, redis.Restart)
+	})
+	t.Run("Embedded", func(t *testing.T) {
+		s := startServe(t, "--data-dir", t.TempDir())
+		crashAndCheck(t, s, func() {})
+	})
+}
+
+func crashAndCheck(t *testing.T, s *server, crashStore func()) {
+	s.must(t, 0, "admit", "r1")
+	s.must(t, 0, "cancel", "r1", "--reason", "kill -9 test")
+
+	s.kill9()
+	crashStore()
+	s.start()
+
+	out := s.must(t, 0, "status", "r1", "--json")
+	var row state.Run
+	if err := json.Unmarshal([]byte(out), &row); err != nil {
+		t.Fatalf("status --json: %v: %s", err, out)
+	}
+	if row.CancelVersion != 2 || row.Status == state.StatusActive || row.Reason != "kill -9 test" {
+		t.Fatalf("after kill -9 the row is %s/%d (%q), want cancelled at version 2", row.Status, row.CancelVersion, row.Reason)
+	}
+	if msg := s.must(t, 1, "admit", "r1"); !strings.Contains(msg, "run_not_active") {
+		t.Fatalf("admit after restart: %q", msg)
+	}
+}
+
+// TestRequireDurableRefusesRedisWithoutFsync: Redis without the AOF may
+// lose an acknowledged cancel, so --require-durable does not start on it.
+func TestRequireDurableRefusesRedisWithoutFsync(t *testing.T) {
+	redis := redisserver.Start(t, redisserver.Options{})
+	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
+		"--store", redis.URL(), "--require-durable")
+	if code != exitError || !strings.Contains(errOut, "--require-durable") {
+		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, exitError, errOut)
+	}
+}
