@@ -57,16 +57,27 @@ type Options struct {
 	// Logger receives panics, store failures and, at debug level, every
 	// request. Nil discards.
 	Logger *slog.Logger
+	// CACertPEM is the egress proxy's MITM CA certificate, served at
+	// /v1/ca for workers to trust; nil answers 404.
+	CACertPEM []byte
+	// Metrics, if set, serves /metrics (Prometheus); open like the probes.
+	Metrics http.Handler
+	// WebhookSecret returns the HMAC secret of a webhook source that may
+	// resolve UNKNOWN intents; nil means no webhook source is configured.
+	WebhookSecret func(source string) ([]byte, bool)
 }
 
 // Handler serves the API. Create it with New.
 type Handler struct {
 	store        state.Store
+	caPEM        []byte
+	webhook      func(source string) ([]byte, bool)
 	tokenSum     [sha256.Size]byte
 	hasToken     bool
 	drain        time.Duration
 	storeTimeout time.Duration
 	log          *slog.Logger
+	metrics      http.Handler
 	mux          *http.ServeMux
 }
 
@@ -80,9 +91,12 @@ func New(opts Options) (*Handler, error) {
 	}
 	h := &Handler{
 		store:        opts.Store,
+		caPEM:        opts.CACertPEM,
+		webhook:      opts.WebhookSecret,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
+		metrics:      opts.Metrics,
 		mux:          http.NewServeMux(),
 	}
 	if h.storeTimeout <= 0 {
@@ -113,6 +127,10 @@ type route struct {
 func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /healthz", h.healthz)
 	h.mux.HandleFunc("GET /readyz", h.readyz)
+	h.mux.HandleFunc("GET /v1/ca", h.ca)
+	if h.metrics != nil {
+		h.mux.Handle("GET /metrics", h.metrics)
+	}
 	routes := []route{
 		{http.MethodPost, "/v1/runs", h.admit},
 		{http.MethodGet, "/v1/runs", h.list},
@@ -166,7 +184,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 	}()
-	if h.hasToken && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !h.authorized(r) {
+	if h.hasToken && !openPath(r.URL.Path) && !h.authorized(r) {
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
 		h.writeError(rw, r, &httpError{http.StatusUnauthorized, CodeUnauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"})
 		return
@@ -221,6 +239,26 @@ func actorOf(r *http.Request) (string, error) {
 		}
 	}
 	return a, nil
+}
+
+// openPaths need no token: probes, the scraper, and the CA certificate,
+// which is public by nature (workers must be able to fetch it).
+func openPath(path string) bool {
+	switch path {
+	case "/healthz", "/readyz", "/metrics", "/v1/ca":
+		return true
+	}
+	return false
+}
+
+// ca serves the MITM CA certificate workers must trust.
+func (h *Handler) ca(w http.ResponseWriter, r *http.Request) {
+	if len(h.caPEM) == 0 {
+		h.writeError(w, r, &httpError{http.StatusNotFound, CodeNotFound, "this stopgate has no MITM CA (no egress proxy is configured)"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-pem-file")
+	_, _ = w.Write(h.caPEM)
 }
 
 func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
