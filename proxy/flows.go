@@ -140,6 +140,16 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 	}
 }
 
+func (s *flowSet) cutAll(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.byRun {
+		for f := range m {
+			f.cut(&cutError{reason: reason})
+		}
+	}
+}
+
 // armTimer makes sure the run is enforced again at its drain deadline.
 func (s *flowSet) armTimer(run string, at time.Time, fire func()) {
 	s.mu.Lock()

@@ -160,6 +160,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.gp.ServeHT
 // Stats returns the proxy's counters.
 func (p *Proxy) Stats() *Stats { return &p.stats }
 
+// CutAll cuts every open flow, recording why: for a shutdown, so that what
+// was in flight is recorded now rather than when its lease expires.
+func (p *Proxy) CutAll(reason string) { p.flows.cutAll(reason) }
+
 // OpenFlows is the number of effects this proxy is carrying now.
 func (p *Proxy) OpenFlows() int { return p.flows.count() }
 

@@ -67,7 +67,9 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", DataDir: "./stopgate-data",
-		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo}
+		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
+		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second,
+		MaxBody: 256 << 20}
 	if cfg != want {
 		t.Fatalf("defaults %+v, want %+v", cfg, want)
 	}
@@ -117,6 +119,12 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--config", "/nonexistent/policy.yaml"}, nil, "--config"},
 		{[]string{"--bogus"}, nil, "flag provided but not defined: -bogus"},
 		{[]string{"extra"}, nil, "takes no arguments"},
+		{[]string{"--lease-ttl", "0s"}, nil, "--lease-ttl: 0s: want a positive duration"},
+		{[]string{"--lease-ttl", "3s"}, nil, "shorter than three store timeouts"},
+		{nil, map[string]string{"STOPGATE_SWEEP_INTERVAL": "-1s"}, "STOPGATE_SWEEP_INTERVAL: -1s: want a positive duration"},
+		{[]string{"--max-body", "0"}, nil, "--max-body: 0: want a positive number of bytes"},
+		{[]string{"--max-body", "lots"}, nil, "-max-body"},
+		{[]string{"--spool-dir", "/nonexistent/spool"}, nil, "--spool-dir: /nonexistent/spool is not a directory"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))

@@ -35,6 +35,20 @@ type serveConfig struct {
 	DrainTimeout time.Duration
 	AutoAdmit    bool
 	LogLevel     slog.Level
+	// LeaseTTL is how long an in-flight effect stays leased to this
+	// instance without renewal; a killed instance's effects turn UNKNOWN then.
+	LeaseTTL time.Duration
+	// StoreTimeout bounds each store call on the request path; past it the
+	// proxy answers 503 (fail closed).
+	StoreTimeout time.Duration
+	// RecheckInterval: how often open connections re-read their run's row.
+	RecheckInterval time.Duration
+	// SweepInterval: how often live runs are ticked (lease expiry, drain).
+	SweepInterval time.Duration
+	// MaxBody caps a proxied request body, in bytes.
+	MaxBody int64
+	// SpoolDir holds large request bodies while they are digested.
+	SpoolDir string
 }
 
 // dbFile is the embedded store's file inside the data directory.
@@ -71,6 +85,16 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	cfg.AutoAdmit = true
 	fs.Var(boolValue{&cfg.AutoAdmit}, "auto-admit", "admit an unseen run on its first request")
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
+	cfg.LeaseTTL = 15 * time.Second
+	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
+	cfg.StoreTimeout = 2 * time.Second
+	fs.Var(durationValue{&cfg.StoreTimeout}, "store-timeout", "`duration` a store call may take before the proxy fails closed with 503")
+	cfg.RecheckInterval = 2 * time.Second
+	fs.Var(durationValue{&cfg.RecheckInterval}, "recheck-interval", "`duration` between re-reads of the rows of runs with open connections")
+	cfg.SweepInterval = time.Second
+	fs.Var(durationValue{&cfg.SweepInterval}, "sweep-interval", "`duration` between ticks of live runs (lease expiry, drain deadlines)")
+	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
+	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
 	return fs, cfg
 }
 
@@ -165,6 +189,22 @@ func (c *serveConfig) validate(source map[string]string) error {
 	}
 	if c.DrainTimeout > 7*24*time.Hour {
 		return bad("drain-timeout", "%s is longer than 7 days", c.DrainTimeout)
+	}
+	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "store-timeout": c.StoreTimeout, "recheck-interval": c.RecheckInterval, "sweep-interval": c.SweepInterval} {
+		if d <= 0 {
+			return bad(name, "%s: want a positive duration", d)
+		}
+	}
+	if c.LeaseTTL < 3*c.StoreTimeout {
+		return bad("lease-ttl", "%s is shorter than three store timeouts (%s): leases would expire while their renewal is still allowed to wait", c.LeaseTTL, 3*c.StoreTimeout)
+	}
+	if c.MaxBody <= 0 {
+		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
+	}
+	if c.SpoolDir != "" {
+		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {
+			return bad("spool-dir", "%s is not a directory", c.SpoolDir)
+		}
 	}
 	return nil
 }

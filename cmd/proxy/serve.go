@@ -2,15 +2,24 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/policy"
+	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 	"github.com/stopgate/stopgate/state/redisstore"
@@ -55,19 +64,28 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		log.Info("store closed; stopgate stopped")
 	}()
 
+	comp, err := startComponents(ctx, cfg, store, log)
+	if err != nil {
+		return err
+	}
 	api, err := control.New(control.Options{
-		Store:        store,
-		Token:        cfg.ControlToken,
-		DrainTimeout: cfg.DrainTimeout,
-		Logger:       log.With("component", "control"),
+		Store:         store,
+		Token:         cfg.ControlToken,
+		DrainTimeout:  cfg.DrainTimeout,
+		Logger:        log.With("component", "control"),
+		CACertPEM:     comp.caPEM,
+		Metrics:       comp.metrics,
+		WebhookSecret: comp.webhookSecret,
 	})
 	if err != nil {
+		_ = comp.stop(ctx)
 		return err
 	}
 	// Listen before serving so that a taken port fails the start, with
 	// the flag named, instead of a log line after "serving".
 	ln, err := net.Listen("tcp", cfg.ControlAddr)
 	if err != nil {
+		_ = comp.stop(ctx)
 		return fmt.Errorf("--control-addr %s: %w", cfg.ControlAddr, err)
 	}
 	if cfg.ControlToken == "" && !isLoopback(ln.Addr()) {
@@ -81,12 +99,6 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-
-	stopOthers, err := startComponents(ctx, cfg, store, log)
-	if err != nil {
-		_ = ln.Close()
-		return err
 	}
 
 	serveErr := make(chan error, 1)
@@ -106,24 +118,120 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		log.Warn("control API did not drain in time; closing its connections", "err", serr)
 		_ = srv.Close()
 	}
-	if serr := stopOthers(shutdownCtx); serr != nil {
+	if serr := comp.stop(shutdownCtx); serr != nil {
 		log.Error("stopping components", "err", serr)
 		err = errors.Join(err, serr)
 	}
 	return err
 }
 
-// startComponents starts the parts of serve besides the control API and
-// returns how to stop them; serve calls stop before it closes the store.
-//
-// TODO(lead): start here, on the open store and cfg, the egress proxy
-// listener (cfg.ProxyAddr, cfg.Run, cfg.AutoAdmit, cfg.Config), the
-// finalizer loop (Tick of live runs, and of each run in store.Cancels),
-// and the MITM CA kept in cfg.DataDir. Nothing of them exists yet, so
-// nothing starts: the control API alone is served.
-func startComponents(ctx context.Context, cfg serveConfig, store state.Store, log *slog.Logger) (stop func(context.Context) error, err error) {
-	_, _, _, _ = ctx, cfg, store, log
-	return func(context.Context) error { return nil }, nil
+// components are the parts of serve besides the control API: the egress
+// proxy with its ledger, the sweeper that moves cancelled runs on, and the
+// reconciler of UNKNOWN intents.
+type components struct {
+	caPEM         []byte
+	metrics       http.Handler
+	webhookSecret func(source string) ([]byte, bool)
+	stop          func(context.Context) error
+}
+
+// startComponents starts them on the open store; stop ends them before the
+// store closes.
+func startComponents(ctx context.Context, cfg serveConfig, store state.Store, log *slog.Logger) (*components, error) {
+	pol, err := policy.Load(cfg.Config)
+	if err != nil {
+		return nil, usagef("serve", "--config: %v", err)
+	}
+	pass, err := proxy.NewHostSet(pol.PassThrough)
+	if err != nil {
+		return nil, usagef("serve", "--config: pass_through: %v", err)
+	}
+	delivery, err := proxy.NewHostSet(pol.Delivery)
+	if err != nil {
+		return nil, usagef("serve", "--config: delivery: %v", err)
+	}
+	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+	}
+	owner := instanceName()
+	ledger := intents.NewLedger(store, intents.LedgerOptions{
+		Owner: owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
+	})
+	egress, err := proxy.New(proxy.Config{
+		Store: store, Ledger: ledger, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
+		PassThrough: pass, Delivery: delivery, MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir,
+		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "proxy"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.ProxyAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-addr %s: %w", cfg.ProxyAddr, err)
+	}
+	// No read or write timeout: streams and long provider calls are the
+	// traffic. Headers are still bounded.
+	srv := &http.Server{
+		Handler:           egress,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	runCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	var loops sync.WaitGroup
+	loops.Go(func() { egress.Run(runCtx) })
+	loops.Go(func() { ledger.Run(runCtx) })
+	sweeper := &intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")}
+	loops.Go(func() { sweeper.Run(runCtx) })
+	reconciler := &intents.Reconciler{Store: store, Lookups: pol.Lookups, Actor: "reconciler:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")}
+	loops.Go(func() { reconciler.Run(runCtx) })
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("egress proxy serving", "addr", ln.Addr().String(), "instance", owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
+		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(egress.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &components{
+		caPEM:         ca.PEM,
+		metrics:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		webhookSecret: pol.Secret,
+		stop: func(ctx context.Context) error {
+			err := srv.Shutdown(ctx)
+			if err != nil {
+				_ = srv.Close()
+			}
+			// What is still open now (tunnels, streams, calls that did not
+			// finish in time) is cut and recorded, not left to lease expiry.
+			egress.CutAll("stopgate_shutdown")
+			stopLoops()
+			loops.Wait()
+			select {
+			case serr := <-serveErr:
+				if !errors.Is(serr, http.ErrServerClosed) {
+					err = errors.Join(err, serr)
+				}
+			default:
+			}
+			return err
+		},
+	}, nil
+}
+
+// instanceName names this process in leases and the audit log; the random
+// part keeps a restarted process (same host, maybe same pid) apart from
+// the one whose leases it must not renew.
+func instanceName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("stopgate@%s/%d-%x", host, os.Getpid(), b)
 }
 
 // openStore opens the configured store: Redis when --store is set, else the
