@@ -390,6 +390,11 @@ func (r *runTx) finalize(actor string) error {
 		case inflight == 0 && unknown == 0:
 			return r.move(state.StatusCancelled, reasonDrained, actor)
 		case inflight == 0:
+			// Past the deadline, what is unknown was cut by it (by this
+			// tick or by the carrier that saw the deadline first).
+			if !r.t.now.Before(r.row.DrainDeadline) {
+				return r.move(state.StatusUnknown, reasonDrainTimeout, actor)
+			}
 			return r.move(state.StatusUnknown, reasonUnresolved, actor)
 		case !r.t.now.Before(r.row.DrainDeadline):
 			err := r.eachPending(state.IntentInFlight, func(rec *intentRecord) error {

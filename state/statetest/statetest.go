@@ -42,6 +42,7 @@ func Run(t *testing.T, open Open) {
 		{"RenewKeepsLeaseAlive", testRenew},
 		{"TickCancelsDrainedRun", testDrained},
 		{"TickDrainTimeoutLeavesRunUnknown", testDrainTimeout},
+		{"CarrierCutAtDeadlineIsADrainTimeout", testCarrierCutAtDeadline},
 		{"ResolveReconcilesUnknownToCancelled", testResolve},
 		{"LateResponseAfterDrainTimeoutIsRecorded", testLateResponse},
 		{"EveryTransitionIsAudited", testAudit},
@@ -581,6 +582,19 @@ func testDrainTimeout(t *testing.T, s state.Store) {
 	}
 }
 
+func testCarrierCutAtDeadline(t *testing.T, s state.Store) {
+	admit(t, s, "cc")
+	res := guard(t, s, state.GuardRequest{RunID: "cc", Key: "slow", ExplicitKey: true})
+	cancel(t, s, "cc", 30*time.Millisecond)
+	time.Sleep(60 * time.Millisecond)
+	// The carrier saw the deadline before any tick did.
+	finish(t, s, res.Intent, state.IntentUnknown, 0)
+	r := get(t, s, "cc")
+	if r.Status != state.StatusUnknown || r.StatusReason != "drain_timeout" {
+		t.Fatalf("run %s (%s), want UNKNOWN (drain_timeout)", r.Status, r.StatusReason)
+	}
+}
+
 func testResolve(t *testing.T, s state.Store) {
 	admit(t, s, "rs")
 	a := guard(t, s, state.GuardRequest{RunID: "rs", Key: "a", ExplicitKey: true})
@@ -592,6 +606,9 @@ func testResolve(t *testing.T, s state.Store) {
 	cancel(t, s, "rs", time.Minute)
 	r := tick(t, s, "rs")
 	wantRun(t, r, state.StatusUnknown, 2)
+	if r.StatusReason != "unresolved_intents" {
+		t.Fatalf("status reason %q, want unresolved_intents", r.StatusReason)
+	}
 	if _, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: "rs", Key: "a", Applied: false, Actor: "op"}); !errors.Is(err, state.ErrInvalid) {
 		t.Fatalf("resolve without source: got %v, want ErrInvalid", err)
 	}
@@ -607,6 +624,9 @@ func testResolve(t *testing.T, s state.Store) {
 		r = tick(t, s, "rs")
 	}
 	wantRun(t, r, state.StatusCancelled, 2)
+	if r.StatusReason != "reconciled" {
+		t.Fatalf("status reason %q, want reconciled", r.StatusReason)
+	}
 }
 
 func testLateResponse(t *testing.T, s state.Store) {

@@ -144,7 +144,13 @@ local function finalize(run, now, actor)
     if inflight == 0 and unknown == 0 then
       move(run, now, actor, 'CANCELLED', 'drained')
     elseif inflight == 0 then
-      move(run, now, actor, 'UNKNOWN', 'unresolved_intents')
+      -- Past the deadline, what is unknown was cut by it (by this tick or
+      -- by the carrier that saw the deadline first).
+      if now >= (tonumber(run.drain) or 0) then
+        move(run, now, actor, 'UNKNOWN', 'drain_timeout')
+      else
+        move(run, now, actor, 'UNKNOWN', 'unresolved_intents')
+      end
     elseif now >= (tonumber(run.drain) or 0) then
       local cut = {}
       for _, key in ipairs(redis.call('ZRANGE', K_INFLIGHT, 0, -1)) do
