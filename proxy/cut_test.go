@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -221,5 +222,41 @@ func TestUnsafeInFlightRequestIsCutAtDrainDeadlineAsUnknown(t *testing.T) {
 	}
 	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
 		t.Fatalf("intent %+v", in)
+	}
+}
+
+// TestDeliveryDestinationOutlivesActiveButNotCancelled: a status webhook
+// may still be reached while the run drains, recorded like any effect, and
+// is refused once the run is CANCELLED.
+func TestDeliveryDestinationOutlivesActiveButNotCancelled(t *testing.T) {
+	hook := newUpstream(t, false, nil)
+	other := newUpstream(t, false, nil)
+	hookURL, _ := url.Parse(hook.URL)
+	e := newEnv(t, envOptions{delivery: []string{hookURL.Host}})
+	e.admit("dl")
+	e.cancel("dl", time.Minute)
+
+	resp, _ := do(t, e.client("dl", 1), "POST", hook.URL+"/status", strings.NewReader(`{"status":"cancelling"}`), nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("delivery while CANCELLING: %d", resp.StatusCode)
+	}
+	in := e.intent("dl", resp.Header.Get(proxy.HeaderIntent))
+	if in.Boundary != state.BoundaryDelivery || in.State != state.IntentResponded {
+		t.Fatalf("delivery intent %+v", in)
+	}
+	resp, _ = do(t, e.client("dl", 1), "POST", other.URL+"/charge", strings.NewReader("x"), nil)
+	if resp.StatusCode != 409 {
+		t.Fatalf("an ordinary destination while CANCELLING: %d", resp.StatusCode)
+	}
+
+	if r, err := e.store.Tick(context.Background(), "dl", "test"); err != nil || r.Status != state.StatusCancelled {
+		t.Fatalf("tick: %v %+v", err, r)
+	}
+	resp, body := do(t, e.client("dl", 1), "POST", hook.URL+"/status", strings.NewReader(`{"status":"cancelled"}`), nil)
+	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Status != "CANCELLED" {
+		t.Fatalf("delivery once CANCELLED: %d %s", resp.StatusCode, body)
+	}
+	if hook.hits.Load() != 1 || other.hits.Load() != 0 {
+		t.Fatalf("hook hits %d (want 1), other hits %d (want 0)", hook.hits.Load(), other.hits.Load())
 	}
 }

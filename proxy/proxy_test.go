@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -253,8 +254,8 @@ func TestUpstreamFailuresAreRecordedHonestly(t *testing.T) {
 func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	up := newUpstream(t, false, nil)
-	const rounds, workers, perWorker = 10, 8, 10
-	for round := range rounds {
+	const workers, perWorker = 8, 10
+	for round := range raceRounds(t) {
 		run := fmt.Sprintf("race-%d", round)
 		e.admit(run)
 		before := up.hits.Load()
@@ -280,7 +281,7 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 			})
 		}
 		wg.Go(func() {
-			time.Sleep(time.Duration(round) * 3 * time.Millisecond)
+			time.Sleep(time.Duration(round%10) * 3 * time.Millisecond)
 			e.cancel(run, time.Minute)
 		})
 		wg.Wait()
@@ -306,7 +307,9 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 				t.Fatalf("%s: intent %s admitted after the cancel committed", run, ev.Intent)
 			}
 		}
-		t.Logf("%s: %d forwarded before the cancel, %d refused after", run, forwarded, refused)
+		if round < 10 {
+			t.Logf("%s: %d forwarded before the cancel, %d refused after", run, forwarded, refused)
+		}
 	}
 }
 
@@ -355,4 +358,16 @@ func TestMetricsCountWhatTheProxyDid(t *testing.T) {
 			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], want, got)
 		}
 	}
+}
+
+// raceRounds is how many times the race tests repeat: 10 by default, more
+// with STOPGATE_RACE_ROUNDS for a soak.
+func raceRounds(t *testing.T) int {
+	n := 10
+	if v := os.Getenv("STOPGATE_RACE_ROUNDS"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
+			t.Fatalf("STOPGATE_RACE_ROUNDS=%q: want a whole number of 1 or more", v)
+		}
+	}
+	return n
 }
