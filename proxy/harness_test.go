@@ -34,7 +34,7 @@ type upstream struct {
 	handler http.HandlerFunc
 }
 
-func newUpstream(t *testing.T, tlsOn bool, handler http.HandlerFunc) *upstream {
+func newUpstream(t testing.TB, tlsOn bool, handler http.HandlerFunc) *upstream {
 	t.Helper()
 	u := &upstream{handler: handler}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -70,7 +70,7 @@ func (u *upstream) lastHeader() http.Header {
 
 // env is one stopgate proxy on a real loopback listener, over a real store.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	store  state.Store
 	proxy  *proxy.Proxy
 	server *httptest.Server
@@ -90,7 +90,7 @@ type envOptions struct {
 	roots       *x509.CertPool
 }
 
-func newFileStore(t *testing.T) state.Store {
+func newFileStore(t testing.TB) state.Store {
 	t.Helper()
 	s, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{})
 	if err != nil {
@@ -100,7 +100,7 @@ func newFileStore(t *testing.T) state.Store {
 	return s
 }
 
-func newEnv(t *testing.T, opts envOptions) *env {
+func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
 	if opts.store == nil {
 		opts.store = newFileStore(t)
@@ -150,7 +150,7 @@ var (
 
 // upstreamRoots trusts httptest's TLS certificate, as a real deployment
 // trusts system roots.
-func upstreamRoots(t *testing.T) *x509.CertPool {
+func upstreamRoots(t testing.TB) *x509.CertPool {
 	rootsOnce.Do(func() {
 		s := httptest.NewTLSServer(http.NotFoundHandler())
 		defer s.Close()
@@ -216,7 +216,7 @@ func (e *env) intent(run, key string) state.Intent {
 }
 
 // do sends a request and reads the whole answer.
-func do(t *testing.T, c *http.Client, method, target string, body io.Reader, header http.Header) (*http.Response, []byte) {
+func do(t testing.TB, c *http.Client, method, target string, body io.Reader, header http.Header) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, target, body)
 	if err != nil {

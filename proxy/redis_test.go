@@ -14,7 +14,7 @@ import (
 	"github.com/stopgate/stopgate/state/redisstore"
 )
 
-func newRedisStore(t *testing.T, srv *redisserver.Server) state.Store {
+func newRedisStore(t testing.TB, srv *redisserver.Server) state.Store {
 	t.Helper()
 	s, err := redisstore.Open(context.Background(), srv.URL(), redisstore.Options{OpTimeout: 300 * time.Millisecond})
 	if err != nil {

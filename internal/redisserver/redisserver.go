@@ -26,7 +26,7 @@ type Options struct {
 
 // Server is one redis-server process under a test's control.
 type Server struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	port int
 	opts Options
@@ -35,7 +35,7 @@ type Server struct {
 }
 
 // Start starts a server and stops it when the test ends.
-func Start(t *testing.T, opts Options) *Server {
+func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found on PATH: install it with `apt-get install -y redis-server` (make test does this)")
@@ -127,7 +127,7 @@ func pingOK(addr string) bool {
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
