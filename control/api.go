@@ -66,6 +66,122 @@ type Audit struct {
 	Events  []state.Event  `json:"events"`
 }
 
+// ClaimRequest is the body of POST /v1/runs/{run}/claims: a worker asks to
+// take a queued step. The intent's key is "claim:<step_id>".
+type ClaimRequest struct {
+	StepID string `json:"step_id"`
+	// CancelVersion is the version the worker observed; 0 checks ACTIVE alone.
+	CancelVersion int64 `json:"cancel_version,omitempty"`
+	// Worker holds the claim's lease; empty takes the request's actor.
+	Worker string `json:"worker,omitempty"`
+	// LeaseTTL is how long the claim lives unless the worker reports its
+	// outcome; nil takes DefaultLeaseTTL. An expired claim becomes UNKNOWN.
+	LeaseTTL *TTL `json:"lease_ttl,omitempty"`
+}
+
+// RetryRequest is the body of POST /v1/runs/{run}/retries: schedule attempt
+// Attempt of a step at NotBefore. The intent's key is
+// "retry:<step_id>:<attempt>"; a cancel revokes it while it is SCHEDULED.
+type RetryRequest struct {
+	StepID  string `json:"step_id"`
+	Attempt int    `json:"attempt"`
+	// NotBefore is RFC 3339. It is a string on the wire so that a bad time
+	// is reported under its own field name.
+	NotBefore     string `json:"not_before"`
+	CancelVersion int64  `json:"cancel_version,omitempty"`
+}
+
+// IntentRequest is the body of POST /v1/runs/{run}/intents: the guard for
+// an effect that does not travel through the egress proxy (an e-mail, a
+// queue publish, a delivery).
+type IntentRequest struct {
+	// Key is the effect's idempotency key, required: a replay under the
+	// same key is recognised, never dispatched twice at once.
+	Key string `json:"key"`
+	// Boundary is custom (default), delivery or browser.
+	Boundary   state.Boundary `json:"boundary,omitempty"`
+	Method     string         `json:"method,omitempty"`
+	Target     string         `json:"target,omitempty"`
+	BodyDigest string         `json:"body_digest,omitempty"`
+	// CancelVersion is the version the caller observed; 0 checks the status alone.
+	CancelVersion int64 `json:"cancel_version,omitempty"`
+	LeaseTTL      *TTL  `json:"lease_ttl,omitempty"`
+	// Carrier holds the lease; empty takes the request's actor.
+	Carrier string `json:"carrier,omitempty"`
+	// AllowCancelling admits a delivery while the run is CANCELLING; only
+	// with boundary delivery.
+	AllowCancelling bool `json:"allow_cancelling,omitempty"`
+}
+
+// GuardResponse is the 201 answer of an admitted claim, retry or intent.
+type GuardResponse struct {
+	Admitted bool         `json:"admitted"`
+	Intent   state.Intent `json:"intent"`
+	Run      state.Run    `json:"run"`
+}
+
+// Refusal is the body of a claim, retry or intent the guard refused: the
+// egress proxy's 409 shape, so a worker reads one shape whichever boundary
+// refused it. Code and Message are where Error has them, so a client that
+// reads every failure as an Error still gets them.
+type Refusal struct {
+	Code            string       `json:"error"`
+	Message         string       `json:"message"`
+	RunID           string       `json:"run_id"`
+	Status          state.Status `json:"status"`
+	CancelVersion   int64        `json:"cancel_version"`
+	ObservedVersion int64        `json:"observed_version"`
+	// Intent is the key the refusal is recorded under.
+	Intent string `json:"intent"`
+	// IntentState is the state of the existing intent that refused a
+	// replay (intent_in_progress, idempotency_key_reused).
+	IntentState state.IntentState `json:"intent_state,omitempty"`
+	// Recorded is CANCELLED_BEFORE_DISPATCH when the run refused.
+	Recorded state.IntentState `json:"recorded,omitempty"`
+	Run      *state.Run        `json:"run,omitempty"`
+}
+
+// OutcomeRequest is the body of PATCH /v1/runs/{run}/intents/{key}: what
+// happened to an IN_FLIGHT effect.
+type OutcomeRequest struct {
+	// Outcome is responded, not_sent or unknown.
+	Outcome    string `json:"outcome"`
+	StatusCode int    `json:"status_code,omitempty"`
+	// Attempt is the attempt the carrier dispatched; nil takes the
+	// intent's current one. A stale attempt is refused (409 stale_attempt).
+	Attempt *int   `json:"attempt,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Outcomes of OutcomeRequest.
+const (
+	OutcomeResponded = "responded"
+	OutcomeNotSent   = "not_sent"
+	OutcomeUnknown   = "unknown"
+)
+
+// ResolveRequest is the body of POST /v1/runs/{run}/intents/{key}/resolve:
+// what reconciliation found out about an UNKNOWN effect.
+type ResolveRequest struct {
+	// Outcome is applied or not_applied.
+	Outcome string `json:"outcome"`
+	// Source is where the answer came from: "operator" by default; for a
+	// signed webhook, the configured source whose secret signed the body.
+	Source string `json:"source,omitempty"`
+	Note   string `json:"note,omitempty"`
+	// RunID and Key name the intent inside the signed body. A webhook must
+	// send them, so that a body signed for one intent cannot be replayed
+	// against another; an operator may.
+	RunID string `json:"run_id,omitempty"`
+	Key   string `json:"key,omitempty"`
+}
+
+// Outcomes of ResolveRequest.
+const (
+	OutcomeApplied    = "applied"
+	OutcomeNotApplied = "not_applied"
+)
+
 // Error is the body of every answer that is not a success.
 type Error struct {
 	// Code is stable for programs: one of the Code* constants, or a
@@ -83,6 +199,7 @@ const (
 	CodeUnknownField         = "unknown_field"          // 400: body has a field the endpoint does not take
 	CodeInvalidRequest       = "invalid_request"        // 400: a field, header, path or query value is not valid
 	CodeUnauthorized         = "unauthorized"           // 401: bearer token missing or wrong
+	CodeBadSignature         = "bad_signature"          // 401: a webhook's X-Stopgate-Signature is missing, wrong or of an unknown source
 	CodeNotFound             = "not_found"              // 404: unknown run or endpoint
 	CodeMethodNotAllowed     = "method_not_allowed"     // 405
 	CodeBodyTooLarge         = "body_too_large"         // 413
@@ -98,6 +215,30 @@ type Duration time.Duration
 // UnmarshalJSON accepts both spellings, so a shell script can send 30 and a
 // Go program can send "30s".
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	return unmarshalDuration("drain_timeout", b, (*time.Duration)(d))
+}
+
+// MarshalJSON writes the duration as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// TTL is a lease TTL on the wire, spelt like Duration. It is a type of its
+// own so that a bad value is reported under its own field name: the JSON
+// decoder does not say which field a custom unmarshaler failed on.
+type TTL time.Duration
+
+// UnmarshalJSON accepts "10m" or a number of seconds.
+func (d *TTL) UnmarshalJSON(b []byte) error {
+	return unmarshalDuration("lease_ttl", b, (*time.Duration)(d))
+}
+
+// MarshalJSON writes the TTL as a Go duration string.
+func (d TTL) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+func unmarshalDuration(field string, b []byte, d *time.Duration) error {
 	s := strings.TrimSpace(string(b))
 	if s == "null" {
 		return nil
@@ -107,49 +248,53 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(b, &str); err != nil {
 			return err
 		}
-		v, err := ParseDuration(str)
+		v, err := parseDuration(field, str)
 		if err != nil {
 			return err
 		}
-		*d = Duration(v)
+		*d = v
 		return nil
 	}
 	secs, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return fmt.Errorf("drain_timeout: want a duration such as \"30s\" or a number of seconds, got %s", s)
+		return fmt.Errorf("%s: want a duration such as \"30s\" or a number of seconds, got %s", field, s)
 	}
-	v, err := secondsToDuration(secs)
+	v, err := secondsToDuration(field, secs)
 	if err != nil {
 		return err
 	}
-	*d = Duration(v)
+	*d = v
 	return nil
-}
-
-// MarshalJSON writes the duration as a Go duration string.
-func (d Duration) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(d).String())
 }
 
 // ParseDuration reads a drain timeout as a Go duration ("30s") or a bare
 // number of seconds ("30"), the two forms the API and the CLI accept.
 func ParseDuration(s string) (time.Duration, error) {
+	return parseDuration("drain_timeout", s)
+}
+
+// ParseTTL reads a lease TTL in the same two forms as ParseDuration.
+func ParseTTL(s string) (time.Duration, error) {
+	return parseDuration("lease_ttl", s)
+}
+
+func parseDuration(field, s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	if v, err := time.ParseDuration(s); err == nil {
 		return v, nil
 	}
 	secs, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return 0, fmt.Errorf("drain_timeout: want a duration such as \"30s\" or a number of seconds, got %q", s)
+		return 0, fmt.Errorf("%s: want a duration such as \"30s\" or a number of seconds, got %q", field, s)
 	}
-	return secondsToDuration(secs)
+	return secondsToDuration(field, secs)
 }
 
-func secondsToDuration(secs float64) (time.Duration, error) {
+func secondsToDuration(field string, secs float64) (time.Duration, error) {
 	// Bound before converting: a float beyond int64 nanoseconds would wrap.
 	const maxSecs = float64(1<<63-1) / float64(time.Second)
 	if secs != secs || secs > maxSecs || secs < -maxSecs {
-		return 0, fmt.Errorf("drain_timeout: %v seconds is out of range", secs)
+		return 0, fmt.Errorf("%s: %v seconds is out of range", field, secs)
 	}
 	return time.Duration(secs * float64(time.Second)), nil
 }

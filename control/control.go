@@ -1,6 +1,9 @@
 // Package control is the control plane's HTTP JSON API over a state.Store:
-// admit, cancel and complete runs, and read their rows, intents and audit
-// log. It owns the wire format (the types in api.go, the status codes, the
+// admit, cancel and complete runs; guard the boundaries that do not travel
+// through the egress proxy (queue claims, retries, any other effect) and
+// record their outcomes; reconcile UNKNOWN intents (by an operator, or by a
+// provider's signed webhook); and read rows, intents and the audit log. It
+// owns the wire format (the types in api.go, the status codes, the
 // error bodies) and the checks at the edge: the bearer token, the actor
 // header, body size and shape.
 //
@@ -140,6 +143,12 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/events", h.events},
 		{http.MethodGet, "/v1/runs/{run}/intents", h.intents},
 		{http.MethodGet, "/v1/runs/{run}/audit", h.audit},
+		{http.MethodPost, "/v1/runs/{run}/claims", h.claim},
+		{http.MethodPost, "/v1/runs/{run}/retries", h.retry},
+		{http.MethodPost, "/v1/runs/{run}/intents", h.beginIntent},
+		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
+		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
+		{http.MethodPost, resolvePath, h.resolve},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {
@@ -184,7 +193,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 	}()
-	if h.hasToken && !openPath(r.URL.Path) && !h.authorized(r) {
+	// A signed webhook resolve authenticates by its signature instead of
+	// the token; resolve verifies it (signedWebhook).
+	if h.hasToken && !openPath(r.URL.Path) && !h.signedWebhook(r) && !h.authorized(r) {
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
 		h.writeError(rw, r, &httpError{http.StatusUnauthorized, CodeUnauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"})
 		return

@@ -24,10 +24,15 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.message }
 
-// writeError maps err to its status and JSON body. Store errors map by
-// kind: ErrInvalid 400, ErrNotFound 404, *Conflict 409, ErrUnavailable and
+// writeError maps err to its status and JSON body. A guard refusal is sent
+// as its own body (Refusal). Store errors map by kind: ErrInvalid 400, ErrNotFound 404, *Conflict 409, ErrUnavailable and
 // timeouts 503; anything else is a 500 with the error logged.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var refused *refusalError
+	if errors.As(err, &refused) {
+		writeJSON(w, refused.status, refused.body)
+		return
+	}
 	status, body := h.errorBody(r, err)
 	writeJSON(w, status, body)
 }
@@ -45,7 +50,10 @@ func (h *Handler) errorBody(r *http.Request, err error) (int, Error) {
 		return http.StatusBadRequest, Error{Code: CodeInvalidRequest, Message: err.Error()}
 	case errors.Is(err, state.ErrNotFound):
 		msg := err.Error()
-		if id := r.PathValue("run"); id != "" {
+		if id, key := r.PathValue("run"), r.PathValue("key"); key != "" {
+			// Not every store tells a missing run from a missing intent.
+			msg = fmt.Sprintf("run %s has no intent %s (or the run was never admitted)", id, key)
+		} else if id != "" {
 			msg = fmt.Sprintf("run %s not found: it was never admitted nor cancelled", id)
 		}
 		return http.StatusNotFound, Error{Code: CodeNotFound, Message: msg}

@@ -1,0 +1,327 @@
+package control
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// The boundaries that do not travel through the egress proxy: queue claims,
+// retry scheduling and a generic intent API for any other effect (an
+// e-mail, a queue publish, a delivery), with the outcome report of each.
+// Every one is the store's one atomic guard; the handlers only shape the
+// request and the answer.
+
+// Bounds of the leases these endpoints grant.
+const (
+	// DefaultLeaseTTL is the lease of a claim or an intent that names none:
+	// long enough for a worker's step, short enough that a dead worker's
+	// claim turns UNKNOWN the same morning.
+	DefaultLeaseTTL = 10 * time.Minute
+	// MaxLeaseTTL bounds a lease: a carrier that needs longer must report
+	// an outcome and take a new attempt.
+	MaxLeaseTTL = 24 * time.Hour
+	// MaxStepIDLen leaves room in an intent key for "retry:" and ":<attempt>".
+	MaxStepIDLen = 200
+)
+
+// Key prefixes of the claim and retry endpoints. The generic intent
+// endpoint refuses keys that start with them, so that an effect reported
+// there can never block, or stand in for, a claim or a retry.
+const (
+	claimPrefix = "claim:"
+	retryPrefix = "retry:"
+)
+
+// genericBoundaries are the boundaries POST /v1/runs/{run}/intents takes:
+// http and tunnel are the egress proxy's, claim and retry have endpoints of
+// their own with their own keys.
+var genericBoundaries = []state.Boundary{state.BoundaryCustom, state.BoundaryDelivery, state.BoundaryBrowser}
+
+// intentKey reads and checks the {key} path segment.
+func intentKey(r *http.Request) (string, error) {
+	key := r.PathValue("key")
+	if err := state.ValidateKey(key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+func checkStepID(step string) error {
+	if step == "" {
+		return fmt.Errorf("%w: step_id is required", state.ErrInvalid)
+	}
+	if len(step) > MaxStepIDLen {
+		return fmt.Errorf("%w: step_id is %d bytes, longer than %d", state.ErrInvalid, len(step), MaxStepIDLen)
+	}
+	// The step id becomes part of an intent key, and keys are printable
+	// ASCII without spaces so that they fit any store and any header.
+	for i := 0; i < len(step); i++ {
+		if step[i] < 0x21 || step[i] > 0x7e {
+			return fmt.Errorf("%w: step_id %q has a byte outside printable ASCII (or a space) at offset %d", state.ErrInvalid, step, i)
+		}
+	}
+	return nil
+}
+
+func checkText(field, s string) error {
+	if len(s) > state.MaxTextLen {
+		return fmt.Errorf("%w: %s is %d bytes, longer than %d", state.ErrInvalid, field, len(s), state.MaxTextLen)
+	}
+	return nil
+}
+
+// leaseTTL applies the default and the bounds to a requested lease.
+func leaseTTL(ttl *TTL) (time.Duration, error) {
+	if ttl == nil {
+		return DefaultLeaseTTL, nil
+	}
+	d := time.Duration(*ttl)
+	if d <= 0 {
+		return 0, fmt.Errorf("%w: lease_ttl %s: want a positive duration such as \"10m\" or 600", state.ErrInvalid, d)
+	}
+	if d > MaxLeaseTTL {
+		return 0, fmt.Errorf("%w: lease_ttl %s is longer than %s", state.ErrInvalid, d, MaxLeaseTTL)
+	}
+	return d, nil
+}
+
+// claim takes a queued step for a worker: IN_FLIGHT under "claim:<step>",
+// leased to the worker until it reports an outcome or the lease expires
+// (then UNKNOWN, never silently handed to another worker).
+func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body ClaimRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if err := checkStepID(body.StepID); err != nil {
+		return 0, nil, err
+	}
+	if err := checkText("worker", body.Worker); err != nil {
+		return 0, nil, err
+	}
+	ttl, err := leaseTTL(body.LeaseTTL)
+	if err != nil {
+		return 0, nil, err
+	}
+	return h.guard(r, state.GuardRequest{
+		RunID: id, ObservedVersion: body.CancelVersion, Key: claimPrefix + body.StepID, ExplicitKey: true,
+		Boundary: state.BoundaryClaim, LeaseOwner: cmp.Or(body.Worker, actor), LeaseTTL: ttl, Actor: actor,
+	})
+}
+
+// retry schedules one attempt of a step: SCHEDULED under
+// "retry:<step>:<attempt>", unleased; the cancel revokes it in its own
+// atomic step.
+func (h *Handler) retry(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body RetryRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if err := checkStepID(body.StepID); err != nil {
+		return 0, nil, err
+	}
+	if body.Attempt < 1 {
+		return 0, nil, fmt.Errorf("%w: attempt %d: want the attempt number being scheduled (1 or more)", state.ErrInvalid, body.Attempt)
+	}
+	if body.NotBefore == "" {
+		return 0, nil, fmt.Errorf("%w: not_before is required: the RFC 3339 time the retry may start", state.ErrInvalid)
+	}
+	at, err := time.Parse(time.RFC3339, body.NotBefore)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: not_before %q: want an RFC 3339 time such as 2026-01-02T10:00:00Z", state.ErrInvalid, body.NotBefore)
+	}
+	if at.IsZero() {
+		// The guard reads a zero NotBefore as "dispatch now".
+		return 0, nil, fmt.Errorf("%w: not_before %q is the zero time", state.ErrInvalid, body.NotBefore)
+	}
+	return h.guard(r, state.GuardRequest{
+		RunID: id, ObservedVersion: body.CancelVersion, Key: retryPrefix + body.StepID + ":" + strconv.Itoa(body.Attempt),
+		ExplicitKey: true, Boundary: state.BoundaryRetry, NotBefore: at, Actor: actor,
+	})
+}
+
+// beginIntent is the guard for an effect the caller carries itself.
+func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body IntentRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if body.Key == "" {
+		return 0, nil, fmt.Errorf("%w: key is required: the effect's idempotency key", state.ErrInvalid)
+	}
+	if strings.HasPrefix(body.Key, claimPrefix) || strings.HasPrefix(body.Key, retryPrefix) {
+		return 0, nil, fmt.Errorf("%w: key %q: keys starting with %q or %q belong to /claims and /retries", state.ErrInvalid, body.Key, claimPrefix, retryPrefix)
+	}
+	boundary := cmp.Or(body.Boundary, state.BoundaryCustom)
+	if !slices.Contains(genericBoundaries, boundary) {
+		return 0, nil, fmt.Errorf("%w: boundary %q: want custom, delivery or browser", state.ErrInvalid, body.Boundary)
+	}
+	if body.AllowCancelling && boundary != state.BoundaryDelivery {
+		return 0, nil, fmt.Errorf("%w: allow_cancelling is only for boundary delivery (got %s): other effects of a cancelled run must not start", state.ErrInvalid, boundary)
+	}
+	for field, v := range map[string]string{"method": body.Method, "body_digest": body.BodyDigest, "carrier": body.Carrier} {
+		if err := checkText(field, v); err != nil {
+			return 0, nil, err
+		}
+	}
+	ttl, err := leaseTTL(body.LeaseTTL)
+	if err != nil {
+		return 0, nil, err
+	}
+	return h.guard(r, state.GuardRequest{
+		RunID: id, ObservedVersion: body.CancelVersion, Key: body.Key, ExplicitKey: true, Boundary: boundary,
+		Method: body.Method, Target: body.Target, BodyDigest: body.BodyDigest, AllowCancelling: body.AllowCancelling,
+		LeaseOwner: cmp.Or(body.Carrier, actor), LeaseTTL: ttl, Actor: actor,
+	})
+}
+
+// guard runs the store's guard and answers 201 with the intent, or the
+// refusal in the egress proxy's shape.
+func (h *Handler) guard(r *http.Request, req state.GuardRequest) (int, any, error) {
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	res, err := h.store.Guard(r.Context(), req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("guard %s %s of run %s: %w", req.Boundary, req.Key, req.RunID, err)
+	}
+	if !res.Admitted {
+		h.log.Info("effect refused", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "refusal", res.Refusal,
+			"status", res.Run.Status, "cancel_version", res.Run.CancelVersion, "observed_version", req.ObservedVersion, "actor", req.Actor)
+		return 0, nil, guardRefusal(req, res)
+	}
+	h.log.Debug("effect admitted", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "state", res.Intent.State,
+		"attempt", res.Intent.Attempts, "actor", req.Actor)
+	return http.StatusCreated, GuardResponse{Admitted: true, Intent: res.Intent, Run: normRun(res.Run)}, nil
+}
+
+// refusalError carries a guard refusal to writeError, which sends its body
+// as it is: a refusal has more to say than the generic Error.
+type refusalError struct {
+	status int
+	body   Refusal
+}
+
+func (e *refusalError) Error() string { return e.body.Code + ": " + e.body.Message }
+
+func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
+	if res.Refusal == state.RefusalRunNotAdmitted {
+		return &httpError{http.StatusNotFound, CodeNotFound,
+			fmt.Sprintf("run %s was never admitted: admit it first (POST /v1/runs); nothing was recorded", req.RunID)}
+	}
+	run := normRun(res.Run)
+	e := &refusalError{status: http.StatusConflict, body: Refusal{
+		Code: res.Refusal, RunID: req.RunID, Status: run.Status, CancelVersion: run.CancelVersion,
+		ObservedVersion: req.ObservedVersion, Intent: res.Intent.Key, Run: &run,
+	}}
+	observed := "none"
+	if req.ObservedVersion != 0 {
+		observed = strconv.FormatInt(req.ObservedVersion, 10)
+	}
+	switch res.Refusal {
+	case state.RefusalRunNotActive, state.RefusalStaleVersion:
+		e.body.Recorded = state.IntentCancelledBeforeDispatch
+		e.body.Message = fmt.Sprintf("run %s is %s at cancel_version %d (the request observed %s): do not dispatch; recorded %s under %s",
+			req.RunID, run.Status, run.CancelVersion, observed, state.IntentCancelledBeforeDispatch, res.Intent.Key)
+	case state.RefusalInProgress:
+		e.body.IntentState = res.Intent.State
+		e.body.Message = fmt.Sprintf("intent %s is %s: no second dispatch while the first is unresolved", res.Intent.Key, res.Intent.State)
+	case state.RefusalKeyReused:
+		e.status = http.StatusUnprocessableEntity
+		e.body.IntentState = res.Intent.State
+		e.body.Message = fmt.Sprintf("key %s was used with a different body_digest: one key, one effect", res.Intent.Key)
+	default:
+		e.body.Message = fmt.Sprintf("the guard refused %s: %s", res.Intent.Key, res.Refusal)
+	}
+	return e
+}
+
+// getIntent reads one intent.
+func (h *Handler) getIntent(r *http.Request, _ string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	key, err := intentKey(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	in, err := h.store.Intent(r.Context(), id, key)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
+	}
+	return http.StatusOK, in, nil
+}
+
+// finishIntent records what happened to an IN_FLIGHT effect.
+func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	key, err := intentKey(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body OutcomeRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	var outcome state.IntentState
+	switch strings.ToLower(body.Outcome) {
+	case OutcomeResponded:
+		outcome = state.IntentResponded
+	case OutcomeNotSent:
+		outcome = state.IntentNotSent
+	case OutcomeUnknown:
+		outcome = state.IntentUnknown
+	case "":
+		return 0, nil, fmt.Errorf("%w: outcome is required: responded, not_sent or unknown", state.ErrInvalid)
+	default:
+		return 0, nil, fmt.Errorf("%w: outcome %q: want responded, not_sent or unknown", state.ErrInvalid, body.Outcome)
+	}
+	var attempt int
+	if body.Attempt != nil {
+		attempt = *body.Attempt
+	} else {
+		// A caller that does not say which attempt it carried reports on
+		// the current one. This read is not part of the step: the store
+		// still compares the attempt atomically, so a report can only ever
+		// land on the attempt it was read for. Never 0, so that an intent
+		// that was never dispatched gets the store's intent_not_in_flight.
+		in, err := h.store.Intent(r.Context(), id, key)
+		if err != nil {
+			return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
+		}
+		attempt = max(in.Attempts, 1)
+	}
+	req := state.FinishRequest{RunID: id, Key: key, Attempt: attempt, Outcome: outcome, StatusCode: body.StatusCode, Reason: body.Reason, Actor: actor}
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	in, err := h.store.Finish(r.Context(), req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("record %s of intent %s of run %s: %w", outcome, key, id, err)
+	}
+	h.log.Debug("effect outcome", "run", id, "key", key, "state", in.State, "attempt", attempt, "actor", actor)
+	return http.StatusOK, in, nil
+}
