@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -259,4 +261,45 @@ func TestDeliveryDestinationOutlivesActiveButNotCancelled(t *testing.T) {
 	if hook.hits.Load() != 1 || other.hits.Load() != 0 {
 		t.Fatalf("hook hits %d (want 1), other hits %d (want 0)", hook.hits.Load(), other.hits.Load())
 	}
+}
+
+// TestUpgradedConnectionIsCarriedAndCutOnCancel: a WebSocket through the
+// proxy works both ways while the run is ACTIVE and is cut by its cancel.
+func TestUpgradedConnectionIsCarriedAndCutOnCancel(t *testing.T) {
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		brw.Flush()
+		// Echo, as a WebSocket server would its frames.
+		io.Copy(conn, brw)
+	})
+	e := newEnv(t, envOptions{})
+	e.admit("ws")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.server.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET %s/socket HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Run-ID: ws\r\n\r\n", up.URL, strings.TrimPrefix(up.URL, "http://"))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade through the proxy: %v %v", resp, err)
+	}
+	fmt.Fprint(conn, "ping\n")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("echo through the upgraded connection: %q %v", line, err)
+	}
+	cancelled := time.Now()
+	e.cancel("ws", time.Minute)
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := br.ReadString('\n'); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("upgraded connection still open a second after the cancel (%v)", err)
+	}
+	t.Logf("upgraded connection cut %v after the cancel", time.Since(cancelled))
 }

@@ -11,6 +11,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -155,7 +156,32 @@ func New(cfg Config) (*Proxy, error) {
 }
 
 // ServeHTTP serves proxy traffic.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.gp.ServeHTTP(w, r) }
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect || r.Header.Get("Upgrade") == "" {
+		p.gp.ServeHTTP(w, r)
+		return
+	}
+	// goproxy hijacks the client's connection for an upgrade and never
+	// closes it: when the upgraded connection ends (or a cancel cuts its
+	// upstream side), we close the client's side.
+	uw := &upgradeWriter{ResponseWriter: w}
+	p.gp.ServeHTTP(uw, r)
+	if uw.conn != nil {
+		_ = uw.conn.Close()
+	}
+}
+
+// upgradeWriter remembers the connection goproxy hijacks.
+type upgradeWriter struct {
+	http.ResponseWriter
+	conn net.Conn
+}
+
+func (w *upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	w.conn = conn
+	return conn, rw, err
+}
 
 // Stats returns the proxy's counters.
 func (p *Proxy) Stats() *Stats { return &p.stats }
@@ -331,7 +357,17 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	f.responding.Store(true)
 	p.finish(req.Context(), f, state.IntentResponded, resp.StatusCode, "")
 	resp.Header.Set(HeaderIntent, f.intent.Key)
-	resp.Body = &flowBody{ReadCloser: resp.Body, done: func() { p.flows.remove(f); f.cut(nil) }}
+	upstreamBody := resp.Body
+	// A cut closes the body itself: an upgraded connection (WebSocket) no
+	// longer listens to the request's context.
+	stopCloser := context.AfterFunc(rs.ctx, func() { _ = upstreamBody.Close() })
+	body := &flowBody{ReadCloser: upstreamBody, done: func() { stopCloser(); p.flows.remove(f); f.cut(nil) }}
+	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		// goproxy writes the client's frames into an upgraded body.
+		resp.Body = &flowUpgradedBody{flowBody: body, w: rw}
+	} else {
+		resp.Body = body
+	}
 	return resp, nil
 }
 
@@ -349,6 +385,15 @@ func (b *flowBody) Close() error {
 	}
 	return err
 }
+
+// flowUpgradedBody is the body of a 101 Switching Protocols answer: both
+// directions of the upgraded connection.
+type flowUpgradedBody struct {
+	*flowBody
+	w io.Writer
+}
+
+func (b *flowUpgradedBody) Write(p []byte) (int, error) { return b.w.Write(p) }
 
 func closeBody(b *spooledBody) {
 	if b != nil {
