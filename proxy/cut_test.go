@@ -303,3 +303,28 @@ func TestUpgradedConnectionIsCarriedAndCutOnCancel(t *testing.T) {
 	}
 	t.Logf("upgraded connection cut %v after the cancel", time.Since(cancelled))
 }
+
+// TestAnswerToUnsafeRequestReachesClientAfterCancel: the provider answered
+// a POST; the cancel lands while the answer is on its way back. The effect
+// has happened, so the agent gets the whole answer (within the drain).
+func TestAnswerToUnsafeRequestReachesClientAfterCancel(t *testing.T) {
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"charge":"ch_1",`)
+		http.NewResponseController(w).Flush()
+		time.Sleep(300 * time.Millisecond)
+		io.WriteString(w, `"status":"succeeded"}`)
+	})
+	e := newEnv(t, envOptions{})
+	e.admit("ans")
+	resp, err := e.client("ans", 1).Post(up.URL+"/charge", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	e.cancel("ans", time.Minute)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || string(body) != `{"charge":"ch_1","status":"succeeded"}` {
+		t.Fatalf("answer after the cancel: %q %v", body, err)
+	}
+}

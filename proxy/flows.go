@@ -21,10 +21,12 @@ type flow struct {
 	// allowCancelling: a delivery destination that a CANCELLING run may still reach.
 	allowCancelling bool
 	tunnel          bool
-	// responding is set once the upstream answered: what is left is a
-	// stream back to the client, which a cancel cuts at once.
-	responding atomic.Bool
-	cut        context.CancelCauseFunc
+	// streaming is set when the upstream answered with a stream (SSE or
+	// an upgraded connection), which a cancel cuts at once whatever the
+	// method; an ordinary answer to an unsafe request may finish reaching
+	// the client until the drain deadline, since its effect has happened.
+	streaming atomic.Bool
+	cut       context.CancelCauseFunc
 }
 
 // cutError is the cause a flow is cut with, so the round trip can record why.
@@ -127,7 +129,7 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 			return ""
 		case f.tunnel:
 			return "run_cancelled: pass-through tunnel"
-		case f.responding.Load():
+		case f.streaming.Load():
 			return "run_cancelled: response stream"
 		case safeMethod(f.method):
 			return "run_cancelled: safe request"

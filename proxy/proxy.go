@@ -26,6 +26,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -354,7 +355,9 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	}
 	closeBody(rs.body)
 	p.stats.Forwarded.Add(1)
-	f.responding.Store(true)
+	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		f.streaming.Store(true)
+	}
 	p.finish(req.Context(), f, state.IntentResponded, resp.StatusCode, "")
 	resp.Header.Set(HeaderIntent, f.intent.Key)
 	upstreamBody := resp.Body
