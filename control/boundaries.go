@@ -221,7 +221,7 @@ type refusalError struct {
 	body   Refusal
 }
 
-func (e *refusalError) Error() string { return e.body.Code + ": " + e.body.Message }
+func (e *refusalError) Error() string { return e.body.Message }
 
 func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
 	if res.Refusal == state.RefusalRunNotAdmitted {
@@ -250,8 +250,10 @@ func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
 		e.body.IntentState = res.Intent.State
 		e.body.Message = fmt.Sprintf("key %s was used with a different body_digest: one key, one effect", res.Intent.Key)
 	default:
-		e.body.Message = fmt.Sprintf("the guard refused %s: %s", res.Intent.Key, res.Refusal)
+		e.body.Message = fmt.Sprintf("the guard refused %s", res.Intent.Key)
 	}
+	// Led by the code, like the message of every other 409 of the API.
+	e.body.Message = res.Refusal + ": " + e.body.Message
 	return e
 }
 

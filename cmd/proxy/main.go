@@ -1,5 +1,6 @@
 // Command stopgate serves the egress proxy and the control API, and is the
-// CLI on that API: admit, cancel, complete, status, runs, audit.
+// CLI on that API: admit, cancel, complete, status, runs, audit, resolve,
+// ca, claim, retry.
 //
 // This package holds flags and wiring only: the API is package control, its
 // client control/client, the state package state and its stores.
@@ -117,6 +118,14 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.runs(ctx, args)
 	case "audit":
 		return c.audit(ctx, args)
+	case "resolve":
+		return c.resolve(ctx, args)
+	case "ca":
+		return c.ca(ctx, args)
+	case "claim":
+		return c.claim(ctx, args)
+	case "retry":
+		return c.retry(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -150,7 +159,7 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "serve":
 		fs, _ := newServeFlags()
 		return fs
-	case "admit", "cancel", "complete", "status", "runs", "audit":
+	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry":
 		fs, _ := c.verbFlags(verb)
 		return fs
 	}
@@ -168,6 +177,13 @@ Usage:
   stopgate status RUN [--json]                 show RUN's row and intent counts
   stopgate runs [--status S] [--json]          list runs
   stopgate audit RUN [--json]                  every effect and every transition of RUN
+  stopgate resolve RUN KEY --applied|--not-applied [--note N] [--source S]
+                                               record what happened to an UNKNOWN effect
+  stopgate ca                                  print the MITM CA certificate (PEM) workers must trust
+  stopgate claim RUN STEP [--version N] [--worker W] [--lease D]
+                                               claim a queued step, guarded like every effect
+  stopgate retry RUN STEP ATTEMPT --at TIME [--version N]
+                                               schedule a retry; a cancel revokes it
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
@@ -191,6 +207,14 @@ func verbUsage(verb string) (string, bool) {
 		return "Usage: stopgate runs [--status S] [--json]\n\nLists runs, ordered by id; S is ACTIVE, CANCELLING, CANCELLED, COMPLETED or UNKNOWN.\n", true
 	case "audit":
 		return "Usage: stopgate audit RUN [--json]\n\nShows every intent (effect) of RUN and every transition of its audit log.\n", true
+	case "resolve":
+		return "Usage: stopgate resolve RUN KEY --applied|--not-applied [--note N] [--source S] [--json]\n\nRecords what you found out about an UNKNOWN effect of RUN (its intent KEY, as listed by\n'stopgate audit RUN' or 'stopgate cancel RUN --wait'): it happened (--applied) or it\ndid not (--not-applied). Once every UNKNOWN effect of a cancelled run is resolved, the\nrun becomes CANCELLED. The note, source and you (cli:$USER) go to the audit log.\n", true
+	case "ca":
+		return "Usage: stopgate ca\n\nPrints the egress proxy's MITM CA certificate (PEM) exactly as served, and nothing\nelse: stopgate ca > ca.pem, then make workers trust ca.pem.\n", true
+	case "claim":
+		return "Usage: stopgate claim RUN STEP [--version N] [--worker W] [--lease D] [--json]\n\nClaims queued step STEP of RUN through the guard (intent claim:STEP), leased to W for D.\nRefused (exit 1) when RUN is not ACTIVE or not at cancel_version N, or STEP is claimed.\nFor operators and scripts; workers call POST /v1/runs/RUN/claims.\n", true
+	case "retry":
+		return "Usage: stopgate retry RUN STEP ATTEMPT --at TIME [--version N] [--json]\n\nSchedules attempt ATTEMPT of STEP of RUN for TIME (RFC 3339) through the guard\n(intent retry:STEP:ATTEMPT, SCHEDULED). A cancel of RUN revokes it until then.\n", true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

@@ -183,3 +183,41 @@ func printAudit(w io.Writer, a control.Audit) {
 		_ = tw.Flush()
 	}
 }
+
+// printIntent shows one intent as aligned key value lines; fields it does
+// not have are left out.
+func printIntent(w io.Writer, in state.Intent) {
+	tw := newTable(w)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	opt := func(k, v string) {
+		if v != "" {
+			row(k, safe(v))
+		}
+	}
+	row("run", safe(in.RunID))
+	row("key", safe(in.Key))
+	row("boundary", string(in.Boundary))
+	row("state", string(in.State))
+	opt("method", in.Method)
+	opt("target", in.Target)
+	if in.StatusCode != 0 {
+		row("status_code", fmt.Sprint(in.StatusCode))
+	}
+	row("attempts", fmt.Sprint(in.Attempts))
+	if in.Refusals != 0 {
+		row("refusals", fmt.Sprint(in.Refusals))
+	}
+	opt("reason", in.Reason)
+	opt("source", in.Source)
+	opt("note", in.Note)
+	opt("lease_owner", in.LeaseOwner)
+	if !in.LeaseExpires.IsZero() {
+		row("lease_expires", fmtTime(in.LeaseExpires))
+	}
+	if !in.NotBefore.IsZero() {
+		row("not_before", fmtTime(in.NotBefore))
+	}
+	row("created", fmtTime(in.CreatedAt))
+	row("updated", fmtTime(in.UpdatedAt))
+	_ = tw.Flush()
+}

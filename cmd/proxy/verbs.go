@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,13 @@ type verbOpts struct {
 	wait    bool
 	version int64
 	status  string
+	// resolve
+	applied, notApplied bool
+	note, source        string
+	// claim and retry
+	worker string
+	lease  *time.Duration
+	at     string
 }
 
 func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
@@ -41,7 +49,9 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 	// prints a token.
 	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
 	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default $STOPGATE_TOKEN)")
-	fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
+	if verb != "ca" { // ca prints the PEM, nothing else
+		fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
+	}
 	switch verb {
 	case "cancel":
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
@@ -62,31 +72,62 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
 	case "runs":
 		fs.StringVar(&o.status, "status", "", "only runs with this status: ACTIVE, CANCELLING, CANCELLED, COMPLETED, UNKNOWN")
+	case "resolve":
+		fs.BoolVar(&o.applied, "applied", false, "the effect happened")
+		fs.BoolVar(&o.notApplied, "not-applied", false, "the effect did not happen")
+		fs.StringVar(&o.note, "note", "", "what you found, and where, for the audit log")
+		fs.StringVar(&o.source, "source", "", "where the answer came from (default operator)")
+	case "claim":
+		fs.Int64Var(&o.version, "version", 0, "the cancel_version the worker observed (default: none, the run must be ACTIVE)")
+		fs.StringVar(&o.worker, "worker", "", "who holds the claim's lease (default: cli:$USER)")
+		fs.Func("lease", "`duration` of the claim's lease, e.g. 10m or 600 (default: the server's, 10m)", func(s string) error {
+			d, err := control.ParseTTL(s)
+			if err != nil {
+				return err
+			}
+			if d <= 0 {
+				return fmt.Errorf("lease %s is not positive", d)
+			}
+			o.lease = &d
+			return nil
+		})
+	case "retry":
+		fs.Int64Var(&o.version, "version", 0, "the cancel_version observed (default: none, the run must be ACTIVE)")
+		fs.StringVar(&o.at, "at", "", "RFC 3339 `time` the retry may start, e.g. 2026-01-02T10:00:00Z (required)")
 	}
 	return fs, o
 }
 
-// parseVerb parses a client verb's command line, checks it names exactly
-// want positional arguments (RUN for most verbs), and returns a client.
-func (c *cli) parseVerb(verb string, args []string, want int) (*client.Client, *verbOpts, []string, error) {
+// parseVerb parses a client verb's command line, checks it has exactly the
+// positional arguments named (RUN for most verbs), and returns a client.
+func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Client, *verbOpts, []string, error) {
 	fs, o := c.verbFlags(verb)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return nil, nil, nil, flagError(verb, err)
 	}
-	if len(pos) != want {
-		if want == 0 {
-			return nil, nil, nil, usagef(verb, "takes no arguments, got %q", pos)
-		}
-		if len(pos) == 0 {
-			return nil, nil, nil, usagef(verb, "missing RUN")
-		}
-		return nil, nil, nil, usagef(verb, "want one RUN, got %d arguments %q", len(pos), pos)
+	switch {
+	case len(pos) == len(names):
+	case len(names) == 0:
+		return nil, nil, nil, usagef(verb, "takes no arguments, got %q", pos)
+	case len(pos) < len(names):
+		return nil, nil, nil, usagef(verb, "missing %s", strings.Join(names[len(pos):], " "))
+	case len(names) == 1:
+		return nil, nil, nil, usagef(verb, "want one %s, got %d arguments %q", names[0], len(pos), pos)
+	default:
+		return nil, nil, nil, usagef(verb, "want %s, got %d arguments %q", strings.Join(names, " "), len(pos), pos)
 	}
-	for _, id := range pos {
-		// Checked here too, so that an id the API would refuse is a usage
-		// error (exit 2) and never reaches a URL path.
-		if err := state.ValidateRunID(id); err != nil {
+	for i, name := range names {
+		// Ids that go into a URL path are checked here too, so that one
+		// the API would refuse is a usage error (exit 2).
+		var err error
+		switch name {
+		case "RUN":
+			err = state.ValidateRunID(pos[i])
+		case "KEY":
+			err = state.ValidateKey(pos[i])
+		}
+		if err != nil {
 			return nil, nil, nil, usagef(verb, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 		}
 	}
@@ -130,7 +171,7 @@ func (c *cli) printJSON(body []byte) {
 }
 
 func (c *cli) admit(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("admit", args, 1)
+	cl, o, pos, err := c.parseVerb("admit", args, "RUN")
 	if err != nil {
 		return err
 	}
@@ -152,7 +193,7 @@ func (c *cli) admit(ctx context.Context, args []string) error {
 }
 
 func (c *cli) cancel(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("cancel", args, 1)
+	cl, o, pos, err := c.parseVerb("cancel", args, "RUN")
 	if err != nil {
 		return err
 	}
@@ -256,7 +297,7 @@ func retryable(err error) bool {
 }
 
 func (c *cli) complete(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("complete", args, 1)
+	cl, o, pos, err := c.parseVerb("complete", args, "RUN")
 	if err != nil {
 		return err
 	}
@@ -283,7 +324,7 @@ func (c *cli) complete(ctx context.Context, args []string) error {
 }
 
 func (c *cli) status(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("status", args, 1)
+	cl, o, pos, err := c.parseVerb("status", args, "RUN")
 	if err != nil {
 		return err
 	}
@@ -300,7 +341,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 }
 
 func (c *cli) runs(ctx context.Context, args []string) error {
-	cl, o, _, err := c.parseVerb("runs", args, 0)
+	cl, o, _, err := c.parseVerb("runs", args)
 	if err != nil {
 		return err
 	}
@@ -323,7 +364,7 @@ func (c *cli) runs(ctx context.Context, args []string) error {
 }
 
 func (c *cli) audit(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("audit", args, 1)
+	cl, o, pos, err := c.parseVerb("audit", args, "RUN")
 	if err != nil {
 		return err
 	}
@@ -336,5 +377,102 @@ func (c *cli) audit(ctx context.Context, args []string) error {
 		return nil
 	}
 	printAudit(c.stdout, reply.Value)
+	return nil
+}
+
+func (c *cli) resolve(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("resolve", args, "RUN", "KEY")
+	if err != nil {
+		return err
+	}
+	if o.applied == o.notApplied {
+		return usagef("resolve", "give exactly one of --applied and --not-applied")
+	}
+	outcome := control.OutcomeNotApplied
+	if o.applied {
+		outcome = control.OutcomeApplied
+	}
+	reply, err := cl.Resolve(ctx, pos[0], pos[1], control.ResolveRequest{Outcome: outcome, Source: o.source, Note: o.note})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	in := reply.Value
+	fmt.Fprintf(c.stdout, "recorded %s of %s as %s (source %s)\n", safe(in.Key), safe(in.RunID), in.State, safe(in.Source))
+	printIntent(c.stdout, in)
+	return nil
+}
+
+// ca prints the MITM CA certificate exactly as served, so that
+// "stopgate ca > ca.pem" is the file workers trust.
+func (c *cli) ca(ctx context.Context, args []string) error {
+	cl, _, _, err := c.parseVerb("ca", args)
+	if err != nil {
+		return err
+	}
+	pem, err := cl.CA(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.stdout.Write(pem)
+	return err
+}
+
+func (c *cli) claim(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("claim", args, "RUN", "STEP")
+	if err != nil {
+		return err
+	}
+	req := control.ClaimRequest{StepID: pos[1], CancelVersion: o.version, Worker: o.worker}
+	if o.lease != nil {
+		ttl := control.TTL(*o.lease)
+		req.LeaseTTL = &ttl
+	}
+	reply, err := cl.Claim(ctx, pos[0], req)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	in := reply.Value.Intent
+	fmt.Fprintf(c.stdout, "claimed %s of %s: attempt %d, leased to %s until %s\n",
+		safe(pos[1]), safe(in.RunID), in.Attempts, safe(in.LeaseOwner), fmtTime(in.LeaseExpires))
+	printIntent(c.stdout, in)
+	return nil
+}
+
+func (c *cli) retry(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("retry", args, "RUN", "STEP", "ATTEMPT")
+	if err != nil {
+		return err
+	}
+	attempt, err := strconv.Atoi(pos[2])
+	if err != nil || attempt < 1 {
+		return usagef("retry", "ATTEMPT %q: want a number of 1 or more", pos[2])
+	}
+	if o.at == "" {
+		return usagef("retry", "--at is required: the RFC 3339 time the retry may start")
+	}
+	at, err := time.Parse(time.RFC3339, o.at)
+	if err != nil {
+		return usagef("retry", "--at %q: want an RFC 3339 time such as 2026-01-02T10:00:00Z", o.at)
+	}
+	reply, err := cl.Retry(ctx, pos[0], control.RetryRequest{StepID: pos[1], Attempt: attempt, NotBefore: at.Format(time.RFC3339Nano), CancelVersion: o.version})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	in := reply.Value.Intent
+	fmt.Fprintf(c.stdout, "scheduled attempt %d of %s of %s at %s; a cancel revokes it until then\n",
+		attempt, safe(pos[1]), safe(in.RunID), fmtTime(in.NotBefore))
+	printIntent(c.stdout, in)
 	return nil
 }

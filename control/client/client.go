@@ -152,6 +152,58 @@ func (c *Client) Audit(ctx context.Context, runID string) (Reply[control.Audit],
 	return call[control.Audit](ctx, c, http.MethodGet, runPath(runID, "audit"), nil, nil)
 }
 
+// Claim takes a queued step for a worker through the guard (POST
+// /v1/runs/RUN/claims). A refusal is an *APIError: 409 run_not_active or
+// stale_version when the run moved on (the refusal is recorded), 409
+// intent_in_progress when the step is already claimed.
+func (c *Client) Claim(ctx context.Context, runID string, req control.ClaimRequest) (Reply[control.GuardResponse], error) {
+	return call[control.GuardResponse](ctx, c, http.MethodPost, runPath(runID, "claims"), nil, req)
+}
+
+// Retry schedules one attempt of a step (POST /v1/runs/RUN/retries); a
+// cancel revokes it while it waits.
+func (c *Client) Retry(ctx context.Context, runID string, req control.RetryRequest) (Reply[control.GuardResponse], error) {
+	return call[control.GuardResponse](ctx, c, http.MethodPost, runPath(runID, "retries"), nil, req)
+}
+
+// Begin runs the guard for an effect the caller carries itself (POST
+// /v1/runs/RUN/intents); report what happened with Finish.
+func (c *Client) Begin(ctx context.Context, runID string, req control.IntentRequest) (Reply[control.GuardResponse], error) {
+	return call[control.GuardResponse](ctx, c, http.MethodPost, runPath(runID, "intents"), nil, req)
+}
+
+// Finish reports the outcome of an IN_FLIGHT intent (PATCH
+// /v1/runs/RUN/intents/KEY).
+func (c *Client) Finish(ctx context.Context, runID, key string, req control.OutcomeRequest) (Reply[state.Intent], error) {
+	return call[state.Intent](ctx, c, http.MethodPatch, intentPath(runID, key, ""), nil, req)
+}
+
+// Intent reads one intent.
+func (c *Client) Intent(ctx context.Context, runID, key string) (Reply[state.Intent], error) {
+	return call[state.Intent](ctx, c, http.MethodGet, intentPath(runID, key, ""), nil, nil)
+}
+
+// Resolve records what reconciliation found out about an UNKNOWN intent,
+// as an operator (the client's token and actor).
+func (c *Client) Resolve(ctx context.Context, runID, key string, req control.ResolveRequest) (Reply[state.Intent], error) {
+	return call[state.Intent](ctx, c, http.MethodPost, intentPath(runID, key, "resolve"), nil, req)
+}
+
+// CA returns the egress proxy's MITM CA certificate, PEM, byte for byte.
+func (c *Client) CA(ctx context.Context) ([]byte, error) {
+	pem, _, err := c.do(ctx, http.MethodGet, "/v1/ca", nil, nil)
+	return pem, err
+}
+
+// intentPath escapes the key as one segment: keys may hold "/", "?" or "#".
+func intentPath(runID, key, tail string) string {
+	p := runPath(runID, "intents/"+url.PathEscape(key))
+	if tail != "" {
+		p += "/" + tail
+	}
+	return p
+}
+
 func runPath(runID, tail string) string {
 	p := "/v1/runs/" + url.PathEscape(runID)
 	if tail != "" {
@@ -166,15 +218,15 @@ func call[T any](ctx context.Context, c *Client, method, path string, query url.
 	if err != nil {
 		return reply, err
 	}
-	reply.StatusCode, reply.Body = status, raw
+	reply.StatusCode, reply.Body = status, bytes.TrimSpace(raw)
 	if err := json.Unmarshal(raw, &reply.Value); err != nil {
 		return reply, fmt.Errorf("%s %s: answer %d is not the expected JSON: %w", method, path, status, err)
 	}
 	return reply, nil
 }
 
-// do sends one request and returns a 2xx body, or an error: *APIError for
-// an answer, a wrapped transport error otherwise.
+// do sends one request and returns a 2xx body as sent, or an error:
+// *APIError for an answer, a wrapped transport error otherwise.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (json.RawMessage, int, error) {
 	// path is already escaped (runPath), and the base has no query, so
 	// joining strings keeps a run id's escapes as they are.
@@ -217,7 +269,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return nil, resp.StatusCode, fmt.Errorf("%s %s: answer is larger than %d bytes", method, path, maxReplyBytes)
 	}
 	if resp.StatusCode/100 == 2 {
-		return bytes.TrimSpace(raw), resp.StatusCode, nil
+		return raw, resp.StatusCode, nil
 	}
 	return nil, resp.StatusCode, apiError(resp, raw)
 }
