@@ -108,9 +108,10 @@ func (h *Handler) resolve(r *http.Request, actor string) (int, any, error) {
 // verifyWebhook authenticates a signed resolve: the body's source must be
 // configured, the signature must be its secret's HMAC of the raw body, and
 // the signed body must name the intent of the path, so that a body signed
-// for one intent cannot be replayed against another. Every failure is the
-// same 401: the caller holds no token, so it learns nothing about which
-// sources exist; the server log says which check failed.
+// for one intent cannot be replayed against another. A body that lacks
+// those fields is a 400 naming them; every failed check is the same 401:
+// the caller holds no token, so it learns nothing about which sources
+// exist. The server log says which check failed.
 func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body ResolveRequest, raw []byte) error {
 	if body.Source == "" {
 		return fmt.Errorf("%w: source is required on a signed request: the webhook source whose secret signed the body", state.ErrInvalid)
@@ -118,16 +119,7 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	if body.RunID == "" || body.Key == "" {
 		return fmt.Errorf("%w: run_id and key are required on a signed request: the signature covers them, so it is good for this intent only", state.ErrInvalid)
 	}
-	reason := ""
-	vals := r.Header.Values(SignatureHeader)
-	hexSum, ok := "", len(vals) == 1
-	if ok {
-		hexSum, ok = strings.CutPrefix(strings.TrimSpace(vals[0]), "sha256=")
-	}
-	got, err := hex.DecodeString(hexSum)
-	if !ok || err != nil || len(got) != sha256.Size {
-		reason = "malformed: want exactly one header sha256=<64 hex digits>"
-	}
+	got, wellFormed := parseSignature(r.Header.Values(SignatureHeader))
 	var secret []byte
 	known := false
 	if h.webhook != nil {
@@ -138,8 +130,10 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	mac := hmac.New(sha256.New, secret)
 	mac.Write(raw)
 	match := hmac.Equal(mac.Sum(nil), got)
+	var reason string
 	switch {
-	case reason != "":
+	case !wellFormed:
+		reason = "malformed: want exactly one header sha256=<64 hex digits>"
 	case !known || len(secret) == 0:
 		reason = "unknown source"
 	case !match:
@@ -154,6 +148,22 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	return &httpError{http.StatusUnauthorized, CodeBadSignature, fmt.Sprintf(
 		"%s is not a valid sha256=<hex HMAC-SHA256 of the body> under the secret of source %q for intent %s of run %s: nothing was changed",
 		SignatureHeader, body.Source, key, runID)}
+}
+
+// parseSignature reads the one "sha256=<hex>" value of the header.
+func parseSignature(vals []string) ([]byte, bool) {
+	if len(vals) != 1 {
+		return nil, false
+	}
+	hexSum, ok := strings.CutPrefix(strings.TrimSpace(vals[0]), "sha256=")
+	if !ok {
+		return nil, false
+	}
+	sum, err := hex.DecodeString(hexSum)
+	if err != nil || len(sum) != sha256.Size {
+		return nil, false
+	}
+	return sum, true
 }
 
 // bufferBody reads the whole body, bounded like decode, and puts it back
