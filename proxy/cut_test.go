@@ -58,23 +58,8 @@ func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 					t.Fatalf("stream before cancel: %v", err)
 				}
 			}
-			cancelled := time.Now()
-			e.cancel("s1", time.Minute)
-			ended := make(chan time.Duration, 1)
-			go func() {
-				for {
-					if _, err := lines.ReadString('\n'); err != nil {
-						ended <- time.Since(cancelled)
-						return
-					}
-				}
-			}()
-			select {
-			case d := <-ended:
-				t.Logf("stream ended %v after the cancel", d)
-			case <-time.After(time.Second):
-				t.Fatal("SSE stream still open one second after the cancel")
-			}
+			d := endsWithin(t, lines, time.Second, func() { e.cancel("s1", time.Minute) })
+			t.Logf("stream ended %v after the cancel", d)
 			in := e.intent("s1", resp.Header.Get(proxy.HeaderIntent))
 			if in.State != state.IntentResponded || in.StatusCode != 200 {
 				t.Fatalf("the provider answered before the cut: want RESPONDED 200, got %+v", in)
@@ -136,23 +121,8 @@ func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
 		t.Fatalf("one intent per tunnel: %+v", tunnels)
 	}
 
-	cancelled := time.Now()
-	e.cancel("p1", time.Minute)
-	ended := make(chan time.Duration, 1)
-	go func() {
-		for {
-			if _, err := lines.ReadString('\n'); err != nil {
-				ended <- time.Since(cancelled)
-				return
-			}
-		}
-	}()
-	select {
-	case d := <-ended:
-		t.Logf("tunnel cut %v after the cancel", d)
-	case <-time.After(time.Second):
-		t.Fatal("pass-through tunnel still open one second after the cancel")
-	}
+	d := endsWithin(t, lines, time.Second, func() { e.cancel("p1", time.Minute) })
+	t.Logf("tunnel cut %v after the cancel", d)
 	eventually(t, 2*time.Second, "cut tunnel recorded UNKNOWN", func() bool {
 		return e.intent("p1", tunnels[1].Key).State == state.IntentUnknown
 	})
@@ -326,5 +296,29 @@ func TestAnswerToUnsafeRequestReachesClientAfterCancel(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || string(body) != `{"charge":"ch_1","status":"succeeded"}` {
 		t.Fatalf("answer after the cancel: %q %v", body, err)
+	}
+}
+
+// endsWithin runs cancel and reports how long after it the stream ended;
+// it fails the test if the stream outlives the limit.
+func endsWithin(t *testing.T, stream *bufio.Reader, limit time.Duration, cancel func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	cancel()
+	ended := make(chan time.Duration, 1)
+	go func() {
+		for {
+			if _, err := stream.ReadString('\n'); err != nil {
+				ended <- time.Since(start)
+				return
+			}
+		}
+	}()
+	select {
+	case d := <-ended:
+		return d
+	case <-time.After(limit):
+		t.Fatalf("stream still open %v after the cancel", limit)
+		return 0
 	}
 }
