@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -134,24 +135,18 @@ func (l *Ledger) Held() []state.IntentRef {
 
 // Run renews the leases of held intents every third of the lease TTL until
 // ctx ends.
-func (l *Ledger) Run(ctx context.Context) {
-	t := time.NewTicker(l.ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		refs := l.Held()
-		if len(refs) == 0 {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, l.timeout)
-		if err := l.store.Renew(rctx, l.owner, l.ttl, refs); err != nil {
-			l.log.Warn("lease renewal failed; leases expire into UNKNOWN if this persists", "owner", l.owner, "intents", len(refs), "err", err)
-		}
-		cancel()
+func (l *Ledger) Run(ctx context.Context) { every(ctx, l.ttl/3, l.renew) }
+
+func (l *Ledger) renew(ctx context.Context) {
+	refs := l.Held()
+	if len(refs) == 0 {
+		return
+	}
+	_, err := storeCall(ctx, l.timeout, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, l.store.Renew(ctx, l.owner, l.ttl, refs)
+	})
+	if err != nil {
+		l.log.Warn("lease renewal failed; leases expire into UNKNOWN if this persists", "owner", l.owner, "intents", len(refs), "err", err)
 	}
 }
 
@@ -159,7 +154,7 @@ func unavailableOnDeadline(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errorsIsDeadline(err) {
+	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %w", state.ErrUnavailable, err)
 	}
 	return err

@@ -40,26 +40,13 @@ func (r *Reconciler) Run(ctx context.Context) {
 	if len(r.Lookups) == 0 {
 		return
 	}
-	interval := r.Interval
-	if interval <= 0 {
-		interval = time.Second
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.Pass(ctx)
-		}
-	}
+	every(ctx, r.Interval, r.Pass)
 }
 
 // Pass tries every UNKNOWN intent of every live run whose backoff has passed.
 func (r *Reconciler) Pass(ctx context.Context) {
 	log := r.logger()
-	runs, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]string, error) { return r.Store.LiveRuns(ctx) })
+	runs, err := storeCall(ctx, r.StoreTimeout, r.Store.LiveRuns)
 	if err != nil {
 		log.Warn("reconcile: cannot list live runs", "err", err)
 		return

@@ -22,9 +22,11 @@ type Sweeper struct {
 	Logger       *slog.Logger
 }
 
-// Run sweeps until ctx ends.
-func (s *Sweeper) Run(ctx context.Context) {
-	interval := s.Interval
+// Run sweeps every Interval (1s if unset) until ctx ends.
+func (s *Sweeper) Run(ctx context.Context) { every(ctx, s.Interval, s.Sweep) }
+
+// every calls f every interval (1s if unset) until ctx ends.
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
 	if interval <= 0 {
 		interval = time.Second
 	}
@@ -35,7 +37,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.Sweep(ctx)
+			f(ctx)
 		}
 	}
 }
@@ -60,8 +62,4 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 			log.Warn("sweep: tick failed", "run", id, "err", err)
 		}
 	}
-}
-
-func errorsIsDeadline(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded)
 }
