@@ -91,6 +91,14 @@ type RetryRequest struct {
 	CancelVersion int64  `json:"cancel_version,omitempty"`
 }
 
+// DispatchRequest is the body of POST
+// /v1/runs/{run}/retries/{step}/{attempt}/dispatch: run a scheduled retry.
+type DispatchRequest struct {
+	CancelVersion int64  `json:"cancel_version,omitempty"`
+	Worker        string `json:"worker,omitempty"`
+	LeaseTTL      *TTL   `json:"lease_ttl,omitempty"`
+}
+
 // IntentRequest is the body of POST /v1/runs/{run}/intents: the guard for
 // an effect that does not travel through the egress proxy (an e-mail, a
 // queue publish, a delivery).

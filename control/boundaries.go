@@ -155,6 +155,39 @@ func (h *Handler) retry(r *http.Request, actor string) (int, any, error) {
 	})
 }
 
+// dispatchRetry runs a scheduled retry when its time has come: the same
+// guard, on the same "retry:<step>:<attempt>" key, now IN_FLIGHT and leased
+// to the worker. After the cancel it is refused, and the REVOKED record stays.
+func (h *Handler) dispatchRetry(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	step := r.PathValue("step")
+	if err := checkStepID(step); err != nil {
+		return 0, nil, err
+	}
+	attempt, err := strconv.Atoi(r.PathValue("attempt"))
+	if err != nil || attempt < 1 {
+		return 0, nil, fmt.Errorf("%w: attempt %q in the path: want a whole number of 1 or more", state.ErrInvalid, r.PathValue("attempt"))
+	}
+	var body DispatchRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if err := checkText("worker", body.Worker); err != nil {
+		return 0, nil, err
+	}
+	ttl, err := leaseTTL(body.LeaseTTL)
+	if err != nil {
+		return 0, nil, err
+	}
+	return h.guard(r, state.GuardRequest{
+		RunID: id, ObservedVersion: body.CancelVersion, Key: retryPrefix + step + ":" + strconv.Itoa(attempt),
+		ExplicitKey: true, Boundary: state.BoundaryRetry, LeaseOwner: cmp.Or(body.Worker, actor), LeaseTTL: ttl, Actor: actor,
+	})
+}
+
 // beginIntent is the guard for an effect the caller carries itself.
 func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
 	id, err := runID(r)

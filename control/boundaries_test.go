@@ -266,6 +266,27 @@ func TestRetryScheduledThenRevokedByCancel(t *testing.T) {
 	})
 }
 
+func TestScheduledRetryIsDispatchedUntilTheCancel(t *testing.T) {
+	onBothStores(t, func(t *testing.T, store state.Store) {
+		srv := serve(t, store, "")
+		at := time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+		run(t, srv, []spec{
+			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"rd"}`, status: 201},
+			{name: "Schedule1", method: "POST", path: "/v1/runs/rd/retries", body: `{"step_id":"s1","attempt":2,"not_before":"` + at + `"}`, status: 201},
+			{name: "Schedule2", method: "POST", path: "/v1/runs/rd/retries", body: `{"step_id":"s2","attempt":2,"not_before":"` + at + `"}`, status: 201},
+			{name: "Dispatch", method: "POST", path: "/v1/runs/rd/retries/s1/2/dispatch", body: `{"cancel_version":1,"worker":"w1"}`, status: 201,
+				check: wantAdmitted("retry:s1:2", state.BoundaryRetry, state.IntentInFlight, 2)},
+			{name: "DispatchedTwiceRefused", method: "POST", path: "/v1/runs/rd/retries/s1/2/dispatch", body: `{}`, status: 409, code: state.RefusalInProgress},
+			{name: "BadAttempt", method: "POST", path: "/v1/runs/rd/retries/s1/zero/dispatch", body: `{}`, status: 400, code: "invalid_request", message: "attempt \"zero\" in the path"},
+			{name: "Cancel", method: "POST", path: "/v1/runs/rd/cancel", status: 202},
+			{name: "RevokedNotDispatched", method: "POST", path: "/v1/runs/rd/retries/s2/2/dispatch", body: `{"cancel_version":1}`, status: 409,
+				code: state.RefusalRunNotActive},
+			{name: "StaysRevoked", method: "GET", path: "/v1/runs/rd/intents/retry:s2:2", status: 200, check: wantIntent("retry:s2:2", state.IntentRevoked)},
+			{name: "DispatchedStillInFlight", method: "GET", path: "/v1/runs/rd/intents/retry:s1:2", status: 200, check: wantIntent("retry:s1:2", state.IntentInFlight)},
+		})
+	})
+}
+
 func TestIntentGuardedBeforeAndAfterCancel(t *testing.T) {
 	onBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")

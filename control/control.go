@@ -145,6 +145,7 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/audit", h.audit},
 		{http.MethodPost, "/v1/runs/{run}/claims", h.claim},
 		{http.MethodPost, "/v1/runs/{run}/retries", h.retry},
+		{http.MethodPost, "/v1/runs/{run}/retries/{step}/{attempt}/dispatch", h.dispatchRetry},
 		{http.MethodPost, "/v1/runs/{run}/intents", h.beginIntent},
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},

@@ -322,7 +322,8 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 		// ExplicitKeyFollowsIdempotencyRules counts only refusals by the
 		// run); the event still records the attempt.
 		switch {
-		case rec.State == state.IntentInFlight || rec.State == state.IntentScheduled || rec.State == state.IntentUnknown:
+		case rec.State == state.IntentInFlight || rec.State == state.IntentUnknown,
+			rec.State == state.IntentScheduled && !req.NotBefore.IsZero():
 			return refused(state.RefusalInProgress, "")
 		case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
 			return refused(state.RefusalKeyReused, "")

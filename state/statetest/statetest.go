@@ -37,6 +37,7 @@ func Run(t *testing.T, open Open) {
 		{"ExplicitKeyFollowsIdempotencyRules", testExplicitKey},
 		{"DeliveryMayReachCancellingRunOnly", testAllowCancelling},
 		{"CancelRevokesScheduledRetries", testRetriesRevoked},
+		{"ScheduledRetryIsDispatchedThroughTheGuard", testRetryDispatched},
 		{"FinishRecordsOutcomeOfLatestAttempt", testFinish},
 		{"TickTurnsExpiredLeasesUnknown", testLeaseExpiry},
 		{"RenewKeepsLeaseAlive", testRenew},
@@ -477,6 +478,36 @@ func testRetriesRevoked(t *testing.T, s state.Store) {
 	late := guard(t, s, state.GuardRequest{RunID: "rt", ObservedVersion: 1, Key: "retry:s3:2", ExplicitKey: true, Boundary: state.BoundaryRetry, NotBefore: when})
 	if late.Admitted || late.Intent.State != state.IntentCancelledBeforeDispatch {
 		t.Fatalf("retry scheduled after cancel: %+v", late)
+	}
+}
+
+func testRetryDispatched(t *testing.T, s state.Store) {
+	admit(t, s, "rd")
+	retry := state.GuardRequest{RunID: "rd", ObservedVersion: 1, Key: "retry:s1:2", ExplicitKey: true, Boundary: state.BoundaryRetry, NotBefore: time.Now().Add(time.Minute)}
+	guard(t, s, retry)
+	if again := guard(t, s, retry); again.Admitted || again.Refusal != state.RefusalInProgress {
+		t.Fatalf("scheduling the same retry twice: %+v", again)
+	}
+	// Its time has come: the same key, guarded without a time, is its dispatch.
+	dispatch := retry
+	dispatch.NotBefore = time.Time{}
+	res := guard(t, s, dispatch)
+	if !res.Admitted || res.Intent.State != state.IntentInFlight || res.Intent.LeaseOwner == "" {
+		t.Fatalf("dispatching a scheduled retry: %+v", res)
+	}
+	wantCounts(t, get(t, s, "rd"), map[state.IntentState]int{state.IntentInFlight: 1})
+	finish(t, s, res.Intent, state.IntentResponded, 200)
+	// A cancel revokes nothing that already ran.
+	guard(t, s, state.GuardRequest{RunID: "rd", ObservedVersion: 1, Key: "retry:s2:2", ExplicitKey: true, Boundary: state.BoundaryRetry, NotBefore: time.Now().Add(time.Minute)})
+	r := cancel(t, s, "rd", time.Minute).Run
+	wantCounts(t, r, map[state.IntentState]int{state.IntentResponded: 1, state.IntentRevoked: 1})
+	late := dispatch
+	late.Key = "retry:s2:2"
+	if res := guard(t, s, late); res.Admitted || res.Refusal != state.RefusalRunNotActive {
+		t.Fatalf("dispatching a revoked retry: %+v", res)
+	}
+	if in := intent(t, s, "rd", "retry:s2:2"); in.State != state.IntentRevoked || in.Refusals != 1 {
+		t.Fatalf("the revoked retry after a refused dispatch: %+v", in)
 	}
 }
 

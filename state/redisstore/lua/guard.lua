@@ -80,7 +80,8 @@ end
 if existing then
   local st = existing.state
   local dup
-  if st == 'IN_FLIGHT' or st == 'SCHEDULED' or st == 'UNKNOWN' then
+  -- A SCHEDULED retry guarded again without a time is its dispatch.
+  if st == 'IN_FLIGHT' or st == 'UNKNOWN' or (st == 'SCHEDULED' and not_before ~= '') then
     dup = 'intent_in_progress'
   elseif digest ~= '' and (existing.body_digest or '') ~= '' and digest ~= existing.body_digest then
     dup = 'idempotency_key_reused'
@@ -119,6 +120,7 @@ else
   it.not_before = nil
   it.lease_owner = owner
   it.lease_expires = now + ttl
+  redis.call('ZREM', K_SCHED, key)
   redis.call('ZADD', K_INFLIGHT, int(it.lease_expires), key)
 end
 save_intent(it)
