@@ -172,6 +172,30 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// ForRun returns the proxy as a handler that binds every request naming no
+// run of its own to run, as --run does for the whole sidecar: for a client
+// that cannot send credentials, such as a browser launched for the run.
+func (p *Proxy) ForRun(run string) (http.Handler, error) {
+	if err := state.ValidateRunID(run); err != nil {
+		return nil, fmt.Errorf("bind proxy to run: %w", err)
+	}
+	bound := &identity{run: run, via: "bound listener"}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), boundRunKey{}, bound)))
+	}), nil
+}
+
+type boundRunKey struct{}
+
+// boundRun is the identity a request gets when it names none: the run its
+// listener is bound to, else the sidecar's static run.
+func (p *Proxy) boundRun(r *http.Request) *identity {
+	if id, ok := r.Context().Value(boundRunKey{}).(*identity); ok {
+		return id
+	}
+	return p.static
+}
+
 // upgradeWriter remembers the connection goproxy hijacks.
 type upgradeWriter struct {
 	http.ResponseWriter
@@ -245,7 +269,7 @@ type requestState struct {
 
 // handleRequest guards one request (plain, or inside a MITM tunnel).
 func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	fallback := p.static
+	fallback := p.boundRun(req)
 	if id, ok := pctx.UserData.(identity); ok {
 		fallback = &id
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -370,4 +372,39 @@ func raceRounds(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+func TestListenerBoundToRunNamesRequestsThatNameNone(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, true, nil)
+	h, err := e.proxy.ForRun("bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := httptest.NewServer(h)
+	defer bound.Close()
+	e.admit("bound")
+	e.admit("other")
+	c := e.client("", 0)
+	u, _ := url.Parse(bound.URL)
+	c.Transport.(*http.Transport).Proxy = http.ProxyURL(u)
+	if resp, _ := do(t, c, "GET", up.URL+"/", nil, nil); resp.StatusCode != 200 {
+		t.Fatalf("through the bound listener: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, c, "GET", up.URL+"/", nil, http.Header{"X-Run-Id": {"other"}}); resp.StatusCode != 200 {
+		t.Fatalf("a request naming its own run: %d", resp.StatusCode)
+	}
+	if n := len(e.intents("bound")); n != 1 {
+		t.Fatalf("bound run has %d intents, want 1", n)
+	}
+	if n := len(e.intents("other")); n != 1 {
+		t.Fatalf("a request naming its run was recorded under the bound one")
+	}
+	e.cancel("bound", time.Minute)
+	if resp, _ := do(t, c, "GET", up.URL+"/", nil, nil); resp.StatusCode != 409 {
+		t.Fatalf("bound run after its cancel: %d", resp.StatusCode)
+	}
+	if _, err := e.proxy.ForRun("bad run"); err == nil {
+		t.Fatal("a bad run id was bound")
+	}
 }
