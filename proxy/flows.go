@@ -26,7 +26,9 @@ type flow struct {
 	// method; an ordinary answer to an unsafe request may finish reaching
 	// the client until the drain deadline, since its effect has happened.
 	streaming atomic.Bool
-	cut       context.CancelCauseFunc
+	// answered is set once the upstream's answer came back (RESPONDED).
+	answered atomic.Bool
+	cut      context.CancelCauseFunc
 }
 
 // cutError is the cause a flow is cut with, so the round trip can record why.
@@ -101,45 +103,53 @@ func (s *flowSet) count() int {
 // while CANCELLING, tunnels, streams and safe requests are cut at once and
 // unsafe requests may finish until the drain deadline (delivery
 // destinations until the run leaves CANCELLING); once the run is anything
-// else, everything left is cut. It returns the drain deadline still to
-// wait for, if any.
+// else, everything left is cut, but for answers to unsafe requests still
+// on their way back, which keep their drain. It returns the drain deadline
+// still to wait for, if any.
 func (s *flowSet) enforce(run state.Run, now time.Time) (wait time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for f := range s.byRun[run.ID] {
-		reason := cutReason(f, run, now)
-		if reason == "" {
-			if run.Status == state.StatusCancelling && !f.allowCancelling {
-				wait = run.DrainDeadline
-			}
-			continue
+		reason, waiting := cutReason(f, run, now)
+		if waiting {
+			wait = run.DrainDeadline
 		}
-		f.cut(&cutError{reason: reason})
+		if reason != "" {
+			f.cut(&cutError{reason: reason})
+		}
 	}
 	return wait
 }
 
-func cutReason(f *flow, run state.Run, now time.Time) string {
-	switch run.Status {
-	case state.StatusActive:
-		return ""
-	case state.StatusCancelling:
-		switch {
-		case f.allowCancelling:
-			return ""
-		case f.tunnel:
-			return "run_cancelled: pass-through tunnel"
-		case f.streaming.Load():
-			return "run_cancelled: response stream"
-		case safeMethod(f.method):
-			return "run_cancelled: safe request"
-		case !now.Before(run.DrainDeadline):
-			return "drain_timeout"
-		}
-		return ""
-	default:
-		return "run_" + string(run.Status)
+// cutReason says why f must be cut now ("" if not), and whether it waits
+// for the run's drain deadline.
+func cutReason(f *flow, run state.Run, now time.Time) (reason string, waiting bool) {
+	if run.Status == state.StatusActive {
+		return "", false
 	}
+	draining := now.Before(run.DrainDeadline)
+	unsafe := !f.tunnel && !f.streaming.Load() && !safeMethod(f.method)
+	// The effect has happened: its answer may reach the agent, whatever the
+	// run became meanwhile (drained runs are CANCELLED at once).
+	if unsafe && f.answered.Load() && draining {
+		return "", true
+	}
+	if run.Status != state.StatusCancelling {
+		return "run_" + string(run.Status), false
+	}
+	switch {
+	case f.allowCancelling:
+		return "", false
+	case f.tunnel:
+		return "run_cancelled: pass-through tunnel", false
+	case f.streaming.Load():
+		return "run_cancelled: response stream", false
+	case safeMethod(f.method):
+		return "run_cancelled: safe request", false
+	case !draining:
+		return "drain_timeout", false
+	}
+	return "", true
 }
 
 func (s *flowSet) cutAll(reason string) {

@@ -382,6 +382,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		f.streaming.Store(true)
 	}
+	f.answered.Store(true)
 	p.finish(req.Context(), f, state.IntentResponded, resp.StatusCode, "")
 	resp.Header.Set(HeaderIntent, f.intent.Key)
 	upstreamBody := resp.Body
