@@ -328,3 +328,32 @@ func endsWithin(t *testing.T, stream *bufio.Reader, limit time.Duration, cancel 
 		return 0
 	}
 }
+
+// TestUnknownLengthAnswerIsPassedOnAsItComes: an NDJSON stream (chunked,
+// not SSE) reaches the agent line by line, not when a buffer fills.
+func TestUnknownLengthAnswerIsPassedOnAsItComes(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
+			release := make(chan struct{})
+			up := newUpstream(t, tlsOn, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				io.WriteString(w, "{\"token\":\"a\"}\n")
+				http.NewResponseController(w).Flush()
+				<-release
+				io.WriteString(w, "{\"token\":\"b\"}\n")
+			})
+			defer close(release)
+			e := newEnv(t, envOptions{})
+			e.admit("nd")
+			resp, err := e.client("nd", 1).Post(up.URL+"/generate", "application/json", strings.NewReader("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if err != nil || line != "{\"token\":\"a\"}\n" {
+				t.Fatalf("first line: %q %v", line, err)
+			}
+		})
+	}
+}

@@ -383,6 +383,12 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		f.streaming.Store(true)
 	}
 	f.answered.Store(true)
+	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols {
+		// goproxy flushes to the client as bytes come only for SSE or a
+		// chunked header, which Go's transport strips: without it, an
+		// NDJSON stream would sit in the server's buffer.
+		resp.Header.Set("Transfer-Encoding", "chunked")
+	}
 	p.finish(req.Context(), f, state.IntentResponded, resp.StatusCode, "")
 	resp.Header.Set(HeaderIntent, f.intent.Key)
 	upstreamBody := resp.Body
