@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -745,7 +746,13 @@ func testCancelsBroadcast(t *testing.T, s state.Store) {
 // cancel and every refused one after it, and a guard that started after the
 // cancel returned must be refused.
 func testRace(t *testing.T, s state.Store) {
-	const rounds, workers, perWorker = 5, 8, 12
+	const workers, perWorker = 8, 12
+	rounds := 5
+	if v := os.Getenv("STOPGATE_RACE_ROUNDS"); v != "" {
+		if _, err := fmt.Sscan(v, &rounds); err != nil || rounds < 1 {
+			t.Fatalf("STOPGATE_RACE_ROUNDS=%q: want a whole number of 1 or more", v)
+		}
+	}
 	for round := range rounds {
 		run := fmt.Sprintf("race%d", round)
 		admit(t, s, run)
@@ -773,7 +780,7 @@ func testRace(t *testing.T, s state.Store) {
 			})
 		}
 		wg.Go(func() {
-			time.Sleep(time.Duration(round) * 2 * time.Millisecond)
+			time.Sleep(time.Duration(round%10) * 2 * time.Millisecond)
 			cancel(t, s, run, time.Minute)
 			mu.Lock()
 			cancelReturned = time.Now()
