@@ -390,6 +390,8 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		resp.Header.Set("Transfer-Encoding", "chunked")
 	}
 	p.finish(req.Context(), f, state.IntentResponded, resp.StatusCode, "")
+	// Only stopgate speaks in its own headers: an upstream's would mislead the agent.
+	resp.Header.Del(HeaderRefusal)
 	resp.Header.Set(HeaderIntent, f.intent.Key)
 	upstreamBody := resp.Body
 	// A cut closes the body itself: an upgraded connection (WebSocket) no

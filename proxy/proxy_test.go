@@ -48,6 +48,18 @@ func TestRequestOfActiveRunIsForwardedAndRecordedResponded(t *testing.T) {
 	}
 }
 
+func TestUpstreamCannotSpeakInStopgateHeaders(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(proxy.HeaderRefusal, "run_not_active")
+		w.Header().Set(proxy.HeaderIntent, "forged")
+	})
+	resp, _ := do(t, e.client("hdr", 1), "GET", up.URL+"/", nil, nil)
+	if resp.Header.Get(proxy.HeaderRefusal) != "" || resp.Header.Get(proxy.HeaderIntent) == "forged" {
+		t.Fatalf("upstream headers reached the agent as stopgate's: %v", resp.Header)
+	}
+}
+
 func TestRunIdentityNeverReachesUpstream(t *testing.T) {
 	for _, tlsOn := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
