@@ -1,0 +1,247 @@
+package browserguard
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// CDP error codes the guard answers with. They are JSON-RPC's, as
+// Chromium's own answers are.
+const (
+	// codeInvalidRequest: the frame is not a CDP command the guard can read.
+	codeInvalidRequest = -32600
+	// codeServerError: a command the guard read and refused (the run is not
+	// ACTIVE, the store did not answer).
+	codeServerError = -32000
+)
+
+// command is what the guard reads of one client frame. The frame itself is
+// forwarded byte for byte: the guard never re-encodes what it admits.
+type command struct {
+	ID        int64
+	HasID     bool
+	Method    string
+	SessionID string
+	// Params is the raw params object, or nil when the frame has none.
+	Params json.RawMessage
+}
+
+// frameError says what is wrong with a frame, for the -32600 answer.
+type frameError struct{ msg string }
+
+func (e *frameError) Error() string { return e.msg }
+
+func badFrame(format string, args ...any) error {
+	return &frameError{msg: fmt.Sprintf(format, args...)}
+}
+
+// The top-level members the guard reads. Chromium reads these same names,
+// case-sensitively, after decoding escapes; the guard must read the frame
+// the way the browser will, so:
+//   - names match exactly (encoding/json's struct decoding would take
+//     "Method" for "method" and let a frame say one thing to the guard and
+//     another to the browser);
+//   - a repeated member is refused (which of two "method"s counts is
+//     exactly the question a guard must never answer differently from the
+//     browser);
+//   - the frame must be one valid UTF-8 JSON object and nothing after it.
+const (
+	memberID        = "id"
+	memberMethod    = "method"
+	memberSessionID = "sessionId"
+	memberParams    = "params"
+	memberError     = "error"
+)
+
+// topLevel walks one JSON object and returns the raw values of the wanted
+// members. On a malformed frame it returns what it read before the fault
+// with the error, so that an answer can still carry the frame's id.
+func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error) {
+	got := make(map[string]json.RawMessage, len(wanted))
+	if !utf8.Valid(data) {
+		return got, badFrame("frame is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return got, badFrame("frame is not JSON: %v", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return got, badFrame("frame is not a JSON object")
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return got, badFrame("frame is not JSON: %v", err)
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return got, badFrame("frame is not JSON: object key is not a string")
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return got, badFrame("frame is not JSON: value of %q: %v", name, err)
+		}
+		for _, w := range wanted {
+			if name != w {
+				continue
+			}
+			if _, dup := got[name]; dup {
+				return got, badFrame("member %q appears twice", name)
+			}
+			got[name] = raw
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return got, badFrame("frame is not JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return got, badFrame("frame has data after its JSON object")
+	}
+	return got, nil
+}
+
+// readID reads a CDP id: a JSON integer that fits Chromium's 32-bit ids.
+func readID(raw json.RawMessage) (int64, error) {
+	id, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || id < math.MinInt32 || id > math.MaxInt32 {
+		return 0, badFrame("id %s is not a 32-bit integer", truncate(string(raw), 32))
+	}
+	return id, nil
+}
+
+func readString(name string, raw json.RawMessage) (string, error) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", badFrame("%s is not a string", name)
+	}
+	return s, nil
+}
+
+// parseCommand reads a client frame. On error the command still carries
+// the id if one could be read, for the error answer.
+func parseCommand(data []byte) (command, error) {
+	var c command
+	m, err := topLevel(data, memberID, memberMethod, memberSessionID, memberParams)
+	if raw, ok := m[memberID]; ok {
+		if id, idErr := readID(raw); idErr == nil {
+			c.ID, c.HasID = id, true
+		} else if err == nil {
+			err = idErr
+		}
+	}
+	if err != nil {
+		return c, err
+	}
+	if !c.HasID {
+		return c, badFrame("command has no id")
+	}
+	raw, ok := m[memberMethod]
+	if !ok {
+		return c, badFrame("command %d has no method", c.ID)
+	}
+	if c.Method, err = readString("method", raw); err != nil {
+		return c, err
+	}
+	if raw, ok := m[memberSessionID]; ok {
+		if c.SessionID, err = readString("sessionId", raw); err != nil {
+			return c, err
+		}
+	}
+	if raw, ok := m[memberParams]; ok && string(raw) != "null" {
+		if raw[0] != '{' {
+			return c, badFrame("params of command %d is not an object", c.ID)
+		}
+		c.Params = raw
+	}
+	return c, nil
+}
+
+// reply is what the guard reads of a browser frame: whether it answers a
+// command, which, and whether with an error.
+type reply struct {
+	ID        int64
+	HasID     bool
+	SessionID string
+	// Err is the browser's error text, empty for a result.
+	Err string
+}
+
+// parseReply reads a browser frame. Events (no id) and frames the guard
+// cannot read are not replies: they are forwarded all the same.
+func parseReply(data []byte) reply {
+	var r reply
+	m, err := topLevel(data, memberID, memberSessionID, memberError)
+	if err != nil {
+		return r
+	}
+	raw, ok := m[memberID]
+	if !ok {
+		return r
+	}
+	if r.ID, err = readID(raw); err != nil {
+		return r
+	}
+	r.HasID = true
+	if raw, ok := m[memberSessionID]; ok {
+		r.SessionID, _ = readString("sessionId", raw)
+	}
+	if raw, ok := m[memberError]; ok {
+		var e struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(raw, &e) == nil && (e.Code != 0 || e.Message != "") {
+			r.Err = fmt.Sprintf("browser answered error %d: %s", e.Code, e.Message)
+		} else {
+			r.Err = "browser answered an error: " + truncate(string(raw), 256)
+		}
+	}
+	return r
+}
+
+// cdpError is a CDP error answer from the guard itself.
+type cdpError struct {
+	ID        *int64       `json:"id,omitempty"`
+	SessionID string       `json:"sessionId,omitempty"`
+	Error     cdpErrorBody `json:"error"`
+}
+
+type cdpErrorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    string `json:"data,omitempty"`
+}
+
+// errorFrame encodes an error answer to c (its id and session, when known).
+func errorFrame(c command, code int, message, data string) []byte {
+	e := cdpError{SessionID: c.SessionID, Error: cdpErrorBody{Code: code, Message: message, Data: data}}
+	if c.HasID {
+		id := c.ID
+		e.ID = &id
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		// Only strings and ints: cannot fail. Say so rather than send nothing.
+		return []byte(`{"error":{"code":-32603,"message":"stopgate: encoding an error answer failed"}}`)
+	}
+	return b
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// Cut on a rune boundary so the text stays valid UTF-8.
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,322 @@
+package browserguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/stopgate/stopgate/browserguard"
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/filestore"
+)
+
+// chromiumPath finds the browser the tests drive for real. Its absence
+// fails the tests: a browser guard tested without a browser proves nothing.
+func chromiumPath(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("STOPGATE_CHROMIUM"); p != "" {
+		return p
+	}
+	if _, err := os.Stat(browserguard.DefaultChromium); err == nil {
+		return browserguard.DefaultChromium
+	}
+	if p, err := exec.LookPath("chromium"); err == nil {
+		return p
+	}
+	t.Fatalf("chromium is not installed (looked for $STOPGATE_CHROMIUM, %s, chromium on PATH): "+
+		"run scripts/test-deps, or apt-get install chromium, or set STOPGATE_CHROMIUM", browserguard.DefaultChromium)
+	return ""
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("STOPGATE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// upstream is a site on loopback that counts the page loads reaching it.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+const pageHTML = `<!doctype html><html><head><title>guarded page</title><link rel="icon" href="data:,"></head>
+<body><p id="text">hello from upstream</p>
+<button id="go" style="position:absolute;left:10px;top:10px;width:100px;height:40px"
+ onclick="document.getElementById('text').textContent='clicked'">go</button></body></html>`
+
+func newUpstream(t testing.TB) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/favicon.ico" {
+			http.NotFound(w, r)
+			return
+		}
+		u.hits.Add(1)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, pageHTML)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func newFileStore(t testing.TB) state.Store {
+	t.Helper()
+	s, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// env is a store, the egress proxy, the launcher and the browser guard on
+// loopback, as stopgate serve wires them.
+type env struct {
+	store    state.Store
+	ledger   *intents.Ledger
+	guard    *browserguard.Guard
+	launcher *browserguard.Launcher
+	// guardHost is the guard's host:port.
+	guardHost string
+}
+
+func newEnv(t *testing.T, store state.Store) *env {
+	t.Helper()
+	log := testLogger()
+	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: time.Second, Logger: log})
+	egress, err := proxy.New(proxy.Config{
+		Store: store, Ledger: ledger, AutoAdmit: true, RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
+		Chromium: chromiumPath(t), Store: store, Ledger: ledger, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
+		AutoAdmit: true, TempDir: t.TempDir(), RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard, err := browserguard.New(browserguard.Config{
+		Store: store, Ledger: ledger, Browsers: launcher.DevTools, AutoAdmit: true,
+		RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: guard, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	for _, loop := range []func(context.Context){egress.Run, ledger.Run, guard.Run, launcher.Run} {
+		go loop(ctx)
+	}
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if err := guard.Close(sctx); err != nil {
+			t.Errorf("closing the guard: %v", err)
+		}
+		if err := launcher.Close(sctx); err != nil {
+			t.Errorf("closing the launcher: %v", err)
+		}
+		_ = srv.Close()
+		cancel()
+	})
+	return &env{store: store, ledger: ledger, guard: guard, launcher: launcher, guardHost: ln.Addr().String()}
+}
+
+// launch starts the run's browser and returns its guarded websocket URL.
+func (e *env) launch(t *testing.T, run string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got, err := e.launcher.Launch(ctx, run, 0, "test")
+	if err != nil {
+		t.Fatalf("launch: %v", err)
+	}
+	if !got.Guard.Admitted || !got.Created || !strings.HasPrefix(got.WSURL, "ws://"+e.guardHost+"/run/"+run+"/1/devtools/browser/") {
+		t.Fatalf("launch answered %+v", got)
+	}
+	return got.WSURL
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// intentsOf returns the run's intents of a boundary with a method.
+func intentsOf(t *testing.T, s state.Store, run string, boundary state.Boundary, method string) []state.Intent {
+	t.Helper()
+	all, err := s.Intents(context.Background(), run)
+	if err != nil {
+		t.Fatalf("intents of %s: %v", run, err)
+	}
+	var out []state.Intent
+	for _, in := range all {
+		if in.Boundary == boundary && (method == "" || in.Method == method) {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+func describe(ins []state.Intent) string {
+	var b strings.Builder
+	for _, in := range ins {
+		fmt.Fprintf(&b, "\n  %s %s %s %s %q", in.Key, in.Method, in.Target, in.State, in.Reason)
+	}
+	return b.String()
+}
+
+// eventually polls cond every 20ms for at most d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rawCDP is a CDP client that speaks frames directly, for what no real
+// client would send.
+type rawCDP struct {
+	t    *testing.T
+	conn *websocket.Conn
+	ctx  context.Context
+	next int64
+}
+
+// answer is one CDP answer.
+type answer struct {
+	ID        *int64          `json:"id"`
+	SessionID string          `json:"sessionId"`
+	Result    json.RawMessage `json:"result"`
+	Error     *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+		Data    string `json:"data"`
+	} `json:"error"`
+}
+
+func dialCDP(t *testing.T, wsURL string) *rawCDP {
+	t.Helper()
+	ctx := testCtx(t)
+	c, _, err := websocket.Dial(ctx, wsURL, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", wsURL, err)
+	}
+	c.SetReadLimit(64 << 20)
+	t.Cleanup(func() { _ = c.CloseNow() })
+	return &rawCDP{t: t, conn: c, ctx: ctx, next: 1000}
+}
+
+func (r *rawCDP) send(typ websocket.MessageType, frame []byte) {
+	r.t.Helper()
+	if err := r.conn.Write(r.ctx, typ, frame); err != nil {
+		r.t.Fatalf("write frame: %v", err)
+	}
+}
+
+// next answer that is not an event.
+func (r *rawCDP) answer() answer {
+	r.t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+		_, data, err := r.conn.Read(ctx)
+		cancel()
+		if err != nil {
+			r.t.Fatalf("read answer: %v", err)
+		}
+		var a answer
+		var probe struct {
+			Method string `json:"method"`
+		}
+		if json.Unmarshal(data, &probe) == nil && probe.Method != "" {
+			continue // an event
+		}
+		if err := json.Unmarshal(data, &a); err != nil {
+			r.t.Fatalf("answer is not JSON: %v: %s", err, data)
+		}
+		return a
+	}
+}
+
+// call sends a command and returns its answer.
+func (r *rawCDP) call(session, method string, params any) answer {
+	r.t.Helper()
+	r.next++
+	id := r.next
+	msg := map[string]any{"id": id, "method": method}
+	if params != nil {
+		msg["params"] = params
+	}
+	if session != "" {
+		msg["sessionId"] = session
+	}
+	b, _ := json.Marshal(msg)
+	r.send(websocket.MessageText, b)
+	for {
+		a := r.answer()
+		if a.ID != nil && *a.ID == id {
+			return a
+		}
+	}
+}
+
+// attachPage attaches to the browser's first page and returns the session.
+func (r *rawCDP) attachPage() string {
+	r.t.Helper()
+	a := r.call("", "Target.getTargets", nil)
+	var targets struct {
+		TargetInfos []struct {
+			TargetID string `json:"targetId"`
+			Type     string `json:"type"`
+		} `json:"targetInfos"`
+	}
+	if a.Error != nil || json.Unmarshal(a.Result, &targets) != nil {
+		r.t.Fatalf("Target.getTargets: %+v %s", a.Error, a.Result)
+	}
+	for _, ti := range targets.TargetInfos {
+		if ti.Type != "page" {
+			continue
+		}
+		a := r.call("", "Target.attachToTarget", map[string]any{"targetId": ti.TargetID, "flatten": true})
+		var res struct {
+			SessionID string `json:"sessionId"`
+		}
+		if a.Error != nil || json.Unmarshal(a.Result, &res) != nil || res.SessionID == "" {
+			r.t.Fatalf("Target.attachToTarget: %+v %s", a.Error, a.Result)
+		}
+		return res.SessionID
+	}
+	r.t.Fatalf("the browser has no page: %s", a.Result)
+	return ""
+}

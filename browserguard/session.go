@@ -1,0 +1,277 @@
+package browserguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/state"
+)
+
+// session is one client's CDP connection and its own connection to the
+// browser.
+type session struct {
+	g       *Guard
+	run     string
+	version int64
+	client  *websocket.Conn
+	browser *websocket.Conn
+	log     *slog.Logger
+
+	// ctx lives as long as the session; cancelling it closes both
+	// connections (websocket reads and writes take it).
+	ctx  context.Context
+	stop context.CancelFunc
+	once sync.Once
+
+	mu sync.Mutex
+	// pending are admitted actions forwarded to the browser and not yet
+	// answered, by the id and session the browser will answer with.
+	pending map[cmdKey]state.Intent
+}
+
+type cmdKey struct {
+	id      int64
+	session string
+}
+
+func newSession(g *Guard, run string, version int64, client, browser *websocket.Conn) *session {
+	ctx, stop := context.WithCancel(context.Background())
+	return &session{
+		g: g, run: run, version: version, client: client, browser: browser,
+		log: g.log.With("run", run), ctx: ctx, stop: stop, pending: map[cmdKey]state.Intent{},
+	}
+}
+
+// serve carries frames until either side goes or end is called, then
+// records what the browser never answered.
+func (s *session) serve() {
+	var wg sync.WaitGroup
+	wg.Go(s.fromBrowser)
+	s.fromClient()
+	s.end(websocket.StatusNormalClosure, "")
+	wg.Wait()
+	s.stop()
+	s.abandon("the CDP connection closed before the browser answered")
+}
+
+// end closes both connections once, telling the client why. The close
+// handshake with the client runs on its own so that whoever ends a session
+// (the cancel watcher, a shutdown) never waits on a slow client.
+func (s *session) end(code websocket.StatusCode, reason string) {
+	s.once.Do(func() {
+		// A close reason is at most 123 bytes on the wire.
+		reason = truncate(reason, 123)
+		go func() {
+			_ = s.client.Close(code, reason)
+			s.stop()
+		}()
+		_ = s.browser.CloseNow()
+	})
+}
+
+// fromClient reads the client's frames and forwards, guards or answers each.
+func (s *session) fromClient() {
+	limit := s.g.cfg.MaxMessage
+	for {
+		typ, rd, err := s.client.Reader(s.ctx)
+		if err != nil {
+			return
+		}
+		data, tooBig, err := readBounded(rd, limit)
+		if err != nil {
+			// Past the hard limit the library has closed the connection.
+			s.log.Info("CDP client frame could not be read; closing", "err", err)
+			return
+		}
+		switch {
+		case tooBig:
+			c, _ := parseCommand(data)
+			s.answer(errorFrame(c, codeInvalidRequest, fmt.Sprintf(
+				"stopgate: frame is larger than %d bytes; nothing was forwarded", limit), ""))
+		case typ != websocket.MessageText:
+			c, _ := parseCommand(data)
+			s.answer(errorFrame(c, codeInvalidRequest,
+				"stopgate: binary frame: CDP commands are JSON text frames; nothing was forwarded", ""))
+		default:
+			s.handle(data)
+		}
+	}
+}
+
+// readBounded reads one message, keeping at most limit bytes; a longer one
+// is read to its end and reported too big, with its first limit bytes.
+func readBounded(rd io.Reader, limit int64) ([]byte, bool, error) {
+	data, err := io.ReadAll(io.LimitReader(rd, limit+1))
+	if err != nil {
+		return nil, false, err
+	}
+	if int64(len(data)) <= limit {
+		return data, false, nil
+	}
+	if _, err := io.Copy(io.Discard, rd); err != nil {
+		return nil, true, err
+	}
+	return data[:limit], true, nil
+}
+
+func (s *session) handle(data []byte) {
+	c, err := parseCommand(data)
+	if err != nil {
+		s.answer(errorFrame(c, codeInvalidRequest, "stopgate: bad CDP frame: "+err.Error()+"; nothing was forwarded", ""))
+		return
+	}
+	if !isAction(c.Method) {
+		s.forward(data)
+		return
+	}
+	key := cmdKey{c.ID, c.SessionID}
+	s.mu.Lock()
+	_, dup := s.pending[key]
+	s.mu.Unlock()
+	if dup {
+		// The browser's answer could not be told from the first one's.
+		s.answer(errorFrame(c, codeInvalidRequest, fmt.Sprintf(
+			"stopgate: command id %d is still awaiting the browser's answer on this session; use a new id; nothing was forwarded", c.ID), ""))
+		return
+	}
+
+	recorded, keyTarget, digest := effectOf(c)
+	// The guard's answer is learned even if the client goes meanwhile: an
+	// admission nobody heard of would sit IN_FLIGHT until its lease expires.
+	res, err := s.g.cfg.Ledger.Begin(context.WithoutCancel(s.ctx), state.GuardRequest{
+		RunID: s.run, ObservedVersion: s.version, Key: intents.DerivedKey(s.run, c.Method, keyTarget, digest),
+		Boundary: state.BoundaryBrowser, Method: c.Method, Target: recorded, BodyDigest: digest, AutoAdmit: s.g.cfg.AutoAdmit,
+	})
+	if err != nil {
+		msg := fmt.Sprintf("stopgate: the run state store did not answer: %s of run %s was not forwarded (fail closed): %v", c.Method, s.run, err)
+		if errors.Is(err, state.ErrInvalid) {
+			msg = fmt.Sprintf("stopgate: %s of run %s cannot be guarded: %v; nothing was forwarded", c.Method, s.run, err)
+		} else {
+			s.log.Warn("guard failed: refusing the action (fail closed)", "method", c.Method, "err", err)
+		}
+		s.answer(errorFrame(c, codeServerError, msg, ""))
+		return
+	}
+	if !res.Admitted {
+		s.log.Info("action refused", "method", c.Method, "refusal", res.Refusal, "status", res.Run.Status,
+			"cancel_version", res.Run.CancelVersion, "observed_version", s.version, "intent", res.Intent.Key)
+		s.answer(errorFrame(c, codeServerError, refusalText(s.run, s.version, c.Method, res),
+			"refusal="+res.Refusal+" intent="+res.Intent.Key))
+		return
+	}
+	if s.ctx.Err() != nil {
+		s.finish(res.Intent, state.IntentNotSent, "the CDP connection closed before the command was forwarded")
+		return
+	}
+	// Pending before the write, so that the answer cannot come first.
+	s.mu.Lock()
+	s.pending[key] = res.Intent
+	s.mu.Unlock()
+	if err := s.browser.Write(s.ctx, websocket.MessageText, data); err != nil {
+		if in, ok := s.take(key); ok {
+			s.finish(in, state.IntentUnknown, "writing the command to the browser failed: "+err.Error())
+		}
+		s.end(websocket.StatusInternalError, "stopgate: the browser connection failed")
+	}
+}
+
+func refusalText(run string, observed int64, method string, res state.GuardResult) string {
+	obs := "none"
+	if observed > 0 {
+		obs = strconv.FormatInt(observed, 10)
+	}
+	switch res.Refusal {
+	case state.RefusalRunNotActive, state.RefusalStaleVersion:
+		return fmt.Sprintf("stopgate: run %s is %s at cancel_version %d (observed %s): %s refused, recorded %s",
+			run, res.Run.Status, res.Run.CancelVersion, obs, method, state.IntentCancelledBeforeDispatch)
+	case state.RefusalRunNotAdmitted:
+		return fmt.Sprintf("stopgate: run %s was never admitted and auto-admit is off: %s refused (stopgate admit %s first)", run, method, run)
+	default:
+		return fmt.Sprintf("stopgate: %s of run %s refused: %s (intent %s)", method, run, res.Refusal, res.Intent.Key)
+	}
+}
+
+func (s *session) forward(data []byte) {
+	if err := s.browser.Write(s.ctx, websocket.MessageText, data); err != nil {
+		s.end(websocket.StatusInternalError, "stopgate: the browser connection failed")
+	}
+}
+
+// answer sends the guard's own answer to the client.
+func (s *session) answer(frame []byte) {
+	if err := s.client.Write(s.ctx, websocket.MessageText, frame); err != nil {
+		s.end(websocket.StatusNormalClosure, "")
+	}
+}
+
+// fromBrowser carries the browser's frames to the client, recording the
+// answers to admitted actions before the client sees them.
+func (s *session) fromBrowser() {
+	for {
+		typ, data, err := s.browser.Read(s.ctx)
+		if err != nil {
+			s.end(websocket.StatusInternalError, "stopgate: the browser closed the connection")
+			return
+		}
+		if s.waiting() {
+			if r := parseReply(data); r.HasID {
+				if in, ok := s.take(cmdKey{r.ID, r.SessionID}); ok {
+					s.finish(in, state.IntentResponded, r.Err)
+				}
+			}
+		}
+		if err := s.client.Write(s.ctx, typ, data); err != nil {
+			s.end(websocket.StatusNormalClosure, "")
+			return
+		}
+	}
+}
+
+func (s *session) waiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending) > 0
+}
+
+func (s *session) take(key cmdKey) (state.Intent, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in, ok := s.pending[key]
+	delete(s.pending, key)
+	return in, ok
+}
+
+// abandon records every action still unanswered as UNKNOWN: it was
+// forwarded, and whether the browser carried it out nobody can say.
+func (s *session) abandon(reason string) {
+	s.mu.Lock()
+	left := s.pending
+	s.pending = map[cmdKey]state.Intent{}
+	s.mu.Unlock()
+	for _, in := range left {
+		s.finish(in, state.IntentUnknown, reason)
+	}
+}
+
+func (s *session) finish(in state.Intent, outcome state.IntentState, reason string) {
+	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), in, outcome, 0, truncate(reason, state.MaxTextLen))
+	if err == nil {
+		return
+	}
+	var conflict *state.Conflict
+	if errors.As(err, &conflict) {
+		// The sweeper got there first (drain deadline, lease expiry): the
+		// record already says what happened.
+		s.log.Debug("action outcome not recorded: the intent moved on", "intent", in.Key, "outcome", outcome, "err", err)
+		return
+	}
+	s.log.Warn("action outcome not recorded; its lease expires into UNKNOWN", "intent", in.Key, "outcome", outcome, "err", err)
+}
