@@ -301,7 +301,7 @@ func chromiumArgs(profile, proxyAddr string) []string {
 		"--mute-audio",
 		"--password-store=basic",
 		"--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
-		"--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions,HttpsUpgrades",
+		"--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions,HttpsUpgrades,NetworkTimeServiceQuerying",
 		"--remote-debugging-address=127.0.0.1",
 		"--remote-debugging-port=0",
 		"--user-data-dir=" + profile,
