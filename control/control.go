@@ -68,6 +68,9 @@ type Options struct {
 	// WebhookSecret returns the HMAC secret of a webhook source that may
 	// resolve UNKNOWN intents; nil means no webhook source is configured.
 	WebhookSecret func(source string) ([]byte, bool)
+	// Browsers launches a guarded browser for a run (POST
+	// /v1/runs/{run}/browsers); nil answers 503 browser_unavailable.
+	Browsers BrowserLauncher
 }
 
 // Handler serves the API. Create it with New.
@@ -75,6 +78,7 @@ type Handler struct {
 	store        state.Store
 	caPEM        []byte
 	webhook      func(source string) ([]byte, bool)
+	browsers     BrowserLauncher
 	tokenSum     [sha256.Size]byte
 	hasToken     bool
 	drain        time.Duration
@@ -96,6 +100,7 @@ func New(opts Options) (*Handler, error) {
 		store:        opts.Store,
 		caPEM:        opts.CACertPEM,
 		webhook:      opts.WebhookSecret,
+		browsers:     opts.Browsers,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
@@ -150,6 +155,7 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
 		{http.MethodPost, resolvePath, h.resolve},
+		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {

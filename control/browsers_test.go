@@ -1,0 +1,79 @@
+package control_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/state"
+)
+
+// fakeLauncher stands in for package browserguard: it passes the real
+// guard of the store, and "starts" a browser without a process.
+type fakeLauncher struct {
+	store state.Store
+	mu    sync.Mutex
+	seen  map[string]bool
+}
+
+func (f *fakeLauncher) launch(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
+	switch req.RunID {
+	case "storedown":
+		return control.BrowserLaunched{}, fmt.Errorf("launch: %w: redis timed out", state.ErrUnavailable)
+	case "nochromium":
+		return control.BrowserLaunched{}, errors.New("chromium /nowhere: executable file not found")
+	}
+	res, err := f.store.Guard(ctx, state.GuardRequest{
+		RunID: req.RunID, ObservedVersion: req.ObservedVersion, Key: "launch", Boundary: state.BoundaryBrowser,
+		Method: "launch", AutoAdmit: true, LeaseTTL: time.Minute, Actor: req.Actor,
+	})
+	if err != nil || !res.Admitted {
+		return control.BrowserLaunched{Guard: res}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	created := !f.seen[req.RunID]
+	f.seen[req.RunID] = true
+	return control.BrowserLaunched{Guard: res, WSURL: "ws://127.0.0.1:1/run/" + req.RunID + "/1/devtools/browser/x", CancelVersion: 1, Created: created}, nil
+}
+
+func TestLaunchBrowser(t *testing.T) {
+	store := openFile(t)
+	f := &fakeLauncher{store: store, seen: map[string]bool{}}
+	srv := serveOpts(t, control.Options{Store: store, Browsers: f.launch})
+	wantBrowser := func(created bool) func(t *testing.T, r reply) {
+		return func(t *testing.T, r reply) {
+			var b control.BrowserResponse
+			r.json(t, &b)
+			if b.RunID != "b1" || b.WSURL != "ws://127.0.0.1:1/run/b1/1/devtools/browser/x" || b.Created != created || b.Intent == "" {
+				t.Fatalf("answer %s", r.body)
+			}
+		}
+	}
+	run(t, srv, []spec{
+		{name: "launch", method: http.MethodPost, path: "/v1/runs/b1/browsers", status: http.StatusCreated, check: wantBrowser(true)},
+		{name: "again", method: http.MethodPost, path: "/v1/runs/b1/browsers", body: `{"cancel_version":1}`, status: http.StatusOK, check: wantBrowser(false)},
+		{name: "cancel", method: http.MethodPost, path: "/v1/runs/b1/cancel", status: http.StatusAccepted},
+		{name: "refused after the cancel", method: http.MethodPost, path: "/v1/runs/b1/browsers", body: `{"cancel_version":1}`,
+			status: http.StatusConflict, code: state.RefusalRunNotActive, message: "CANCELLING",
+			check: wantRefusal("launch.3", state.StatusCancelling, 2, 1, state.IntentCancelledBeforeDispatch)},
+		{name: "store down", method: http.MethodPost, path: "/v1/runs/storedown/browsers",
+			status: http.StatusServiceUnavailable, code: control.CodeStoreUnavailable, message: "redis timed out"},
+		{name: "no chromium", method: http.MethodPost, path: "/v1/runs/nochromium/browsers",
+			status: http.StatusServiceUnavailable, code: control.CodeBrowserUnavailable, message: "the browser could not be started: chromium /nowhere"},
+		{name: "bad version", method: http.MethodPost, path: "/v1/runs/b2/browsers", body: `{"cancel_version":-1}`,
+			status: http.StatusBadRequest, code: control.CodeInvalidRequest, message: "negative"},
+		{name: "bad run", method: http.MethodPost, path: "/v1/runs/bad%20run/browsers", status: http.StatusBadRequest, code: control.CodeInvalidRequest},
+		{name: "GET", method: http.MethodGet, path: "/v1/runs/b1/browsers", status: http.StatusMethodNotAllowed, code: control.CodeMethodNotAllowed},
+	})
+
+	// Without a launcher the endpoint says so.
+	srv = serveOpts(t, control.Options{Store: store})
+	run(t, srv, []spec{{name: "no launcher", method: http.MethodPost, path: "/v1/runs/b3/browsers",
+		status: http.StatusServiceUnavailable, code: control.CodeBrowserUnavailable, message: "launches no browsers"}})
+}
