@@ -66,7 +66,8 @@ func TestServeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", DataDir: "./stopgate-data",
+	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
+		Chromium: "/usr/bin/chromium", DataDir: "./stopgate-data",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second,
 		MaxBody: 256 << 20}
@@ -111,6 +112,9 @@ func TestServeConfig(t *testing.T) {
 		{nil, map[string]string{"STOPGATE_PROXY_ADDR": "127.0.0.1:http"}, "STOPGATE_PROXY_ADDR: \"127.0.0.1:http\": port"},
 		{[]string{"--proxy-addr", "127.0.0.1:99999"}, nil, "--proxy-addr"},
 		{[]string{"--proxy-addr", "127.0.0.1:9000", "--control-addr", "127.0.0.1:9000"}, nil, "different ports"},
+		{[]string{"--browser-addr", "127.0.0.1:8080"}, nil, "--browser-addr: \"127.0.0.1:8080\" is also the proxy address"},
+		{nil, map[string]string{"STOPGATE_BROWSER_ADDR": "nowhere"}, "STOPGATE_BROWSER_ADDR: \"nowhere\": want host:port"},
+		{[]string{"--chromium", ""}, nil, "--chromium: is empty"},
 		{[]string{"--store", "postgres://db/x"}, nil, "--store: scheme \"postgres\""},
 		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: localhost:6379 has no scheme"},
 		{[]string{"--store", "redis://:hunter2@/0"}, nil, "has no host"},

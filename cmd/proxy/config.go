@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -21,6 +22,9 @@ import (
 type serveConfig struct {
 	ProxyAddr   string // egress proxy listener
 	ControlAddr string // control API listener
+	BrowserAddr string // browser guard (CDP) listener
+	// Chromium is the browser the launcher starts for a run.
+	Chromium string
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
 	Store   string
 	DataDir string
@@ -74,6 +78,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	cfg := &serveConfig{LogLevel: slog.LevelInfo}
 	fs.StringVar(&cfg.ProxyAddr, "proxy-addr", "127.0.0.1:8080", "egress proxy listen address (host:port)")
 	fs.StringVar(&cfg.ControlAddr, "control-addr", "127.0.0.1:8081", "control API listen address (host:port)")
+	fs.StringVar(&cfg.BrowserAddr, "browser-addr", "127.0.0.1:8082", "browser guard (CDP websocket) listen address (host:port)")
+	fs.StringVar(&cfg.Chromium, "chromium", browserguard.DefaultChromium, "the Chromium binary launched for a run's browser")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+dbFile+") and the CA")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
@@ -148,13 +154,23 @@ func (c *serveConfig) validate(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
 		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
 	}
-	for name, addr := range map[string]string{"proxy-addr": c.ProxyAddr, "control-addr": c.ControlAddr} {
+	for name, addr := range map[string]string{"proxy-addr": c.ProxyAddr, "control-addr": c.ControlAddr, "browser-addr": c.BrowserAddr} {
 		if err := checkAddr(addr); err != nil {
 			return bad(name, "%q: %v", addr, err)
 		}
 	}
 	if c.ProxyAddr == c.ControlAddr {
 		return bad("control-addr", "%q is also the proxy address; the two listeners need different ports", c.ControlAddr)
+	}
+	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr} {
+		if c.BrowserAddr == other {
+			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
+		}
+	}
+	// A missing binary is not checked here: serve runs without a browser
+	// until one is asked for, and the launch then says what is missing.
+	if c.Chromium == "" {
+		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
 	}
 	if c.Store != "" {
 		// The scheme only: the Redis store parses the rest (hosts, database,

@@ -79,7 +79,7 @@ func startServe(t *testing.T, args ...string) *server {
 	t.Helper()
 	s := &server{
 		t:       t,
-		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t)}, args...),
+		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
 		logPath: filepath.Join(t.TempDir(), "serve.log"),
 	}
 	s.control = "http://" + s.args[2]
@@ -273,7 +273,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{nil, []string{"--store", "redis://127.0.0.1:6379/notanumber"}, 2, "--store"},
 		{nil, []string{"--control-addr", busy.Addr().String(), "--data-dir", dir}, 1, "--control-addr " + busy.Addr().String()},
 	} {
-		code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", freeAddr(t)}, tc.args...)...)
+		code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, tc.args...)...)
 		if code != tc.code || !strings.Contains(errOut, tc.say) {
 			t.Errorf("serve %q %q: exit %d, want %d saying %q; stderr:\n%s", tc.env, tc.args, code, tc.code, tc.say, errOut)
 		}

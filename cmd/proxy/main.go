@@ -1,6 +1,6 @@
-// Command stopgate serves the egress proxy and the control API, and is the
-// CLI on that API: admit, cancel, complete, status, runs, audit, resolve,
-// ca, claim, retry.
+// Command stopgate serves the egress proxy, the browser guard and the
+// control API, and is the CLI on that API: admit, cancel, complete, status,
+// runs, audit, resolve, ca, claim, retry, browser.
 //
 // This package holds flags and wiring only: the API is package control, its
 // client control/client, the state package state and its stores.
@@ -126,6 +126,8 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.claim(ctx, args)
 	case "retry":
 		return c.retry(ctx, args)
+	case "browser":
+		return c.browser(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -159,7 +161,7 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "serve":
 		fs, _ := newServeFlags()
 		return fs
-	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry":
+	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser":
 		fs, _ := c.verbFlags(verb)
 		return fs
 	}
@@ -184,6 +186,7 @@ Usage:
                                                claim a queued step, guarded like every effect
   stopgate retry RUN STEP ATTEMPT --at TIME [--version N]
                                                schedule a retry; a cancel revokes it
+  stopgate browser --run RUN [--version N]     start RUN's guarded headless browser in serve; print its ws:// URL
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
@@ -215,6 +218,8 @@ func verbUsage(verb string) (string, bool) {
 		return "Usage: stopgate claim RUN STEP [--version N] [--worker W] [--lease D] [--json]\n\nClaims queued step STEP of RUN through the guard (intent claim:STEP), leased to W for D.\nRefused (exit 1) when RUN is not ACTIVE or not at cancel_version N, or STEP is claimed.\nFor operators and scripts; workers call POST /v1/runs/RUN/claims.\n", true
 	case "retry":
 		return "Usage: stopgate retry RUN STEP ATTEMPT --at TIME [--version N] [--json]\n\nSchedules attempt ATTEMPT of STEP of RUN for TIME (RFC 3339) through the guard\n(intent retry:STEP:ATTEMPT, SCHEDULED). A cancel of RUN revokes it until then.\n", true
+	case "browser":
+		return "Usage: stopgate browser --run RUN [--version N] [--json]\n\nAsks stopgate serve to start RUN's guarded headless Chromium (or finds the one it has) and\nprints the websocket URL to connect a CDP client to (chromedp, Playwright or Puppeteer\nconnectOverCDP) alone on the first line, then returns: the browser lives in stopgate serve\nuntil RUN is over (CANCELLED, COMPLETED or UNKNOWN) or serve stops. Every action the client\nsends is checked against cancel_version N and recorded; after a cancel it is refused.\n", true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/policy"
@@ -76,6 +78,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		CACertPEM:     comp.caPEM,
 		Metrics:       comp.metrics,
 		WebhookSecret: comp.webhookSecret,
+		Browsers:      comp.browsers,
 	})
 	if err != nil {
 		_ = comp.stop(ctx)
@@ -126,12 +129,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 }
 
 // components are the parts of serve besides the control API: the egress
-// proxy with its ledger, the sweeper that moves cancelled runs on, and the
-// reconciler of UNKNOWN intents.
+// proxy with its ledger, the browser guard and its launcher, the sweeper
+// that moves cancelled runs on, and the reconciler of UNKNOWN intents.
 type components struct {
 	caPEM         []byte
 	metrics       http.Handler
 	webhookSecret func(source string) ([]byte, bool)
+	browsers      control.BrowserLauncher
 	stop          func(context.Context) error
 }
 
@@ -170,6 +174,28 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 	if err != nil {
 		return nil, fmt.Errorf("--proxy-addr %s: %w", cfg.ProxyAddr, err)
 	}
+	bln, err := net.Listen("tcp", cfg.BrowserAddr)
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("--browser-addr %s: %w", cfg.BrowserAddr, err)
+	}
+	closeListeners := func() { _ = ln.Close(); _ = bln.Close() }
+	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
+		Chromium: cfg.Chromium, Store: store, Ledger: ledger, Egress: egress.ForRun, GuardAddr: bln.Addr().String(),
+		AutoAdmit: cfg.AutoAdmit, RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "launcher"),
+	})
+	if err != nil {
+		closeListeners()
+		return nil, err
+	}
+	guard, err := browserguard.New(browserguard.Config{
+		Store: store, Ledger: ledger, Browsers: launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
+		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
+	})
+	if err != nil {
+		closeListeners()
+		return nil, err
+	}
 	// No read or write timeout: streams and long provider calls are the
 	// traffic. Headers are still bounded.
 	srv := &http.Server{
@@ -180,16 +206,32 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 
+	// Like the proxy's: CDP connections are long-lived, headers are bounded.
+	bsrv := &http.Server{
+		Handler:           guard,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
 	runCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	loops.Go(func() { egress.Run(runCtx) })
+	loops.Go(func() { guard.Run(runCtx) })
+	loops.Go(func() { launcher.Run(runCtx) })
 	loops.Go(func() { ledger.Run(runCtx) })
 	sweeper := &intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")}
 	loops.Go(func() { sweeper.Run(runCtx) })
 	reconciler := &intents.Reconciler{Store: store, Lookups: pol.Lookups, Actor: "reconciler:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")}
 	loops.Go(func() { reconciler.Run(runCtx) })
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- bsrv.Serve(bln) }()
+	log.Info("browser guard serving", "addr", bln.Addr().String(), "chromium", cfg.Chromium)
+	if _, err := exec.LookPath(cfg.Chromium); err != nil {
+		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
+	}
 	log.Info("egress proxy serving", "addr", ln.Addr().String(), "instance", owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
 		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
 
@@ -199,22 +241,35 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		caPEM:         ca.PEM,
 		metrics:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		webhookSecret: pol.Secret,
+		browsers: func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
+			b, err := launcher.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
+			return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
+		},
 		stop: func(ctx context.Context) error {
-			err := srv.Shutdown(ctx)
+			// Browsers first: their open actions are recorded UNKNOWN and
+			// their pages' requests end before the egress proxy does.
+			err := bsrv.Shutdown(ctx)
 			if err != nil {
+				_ = bsrv.Close()
+			}
+			err = errors.Join(err, guard.Close(ctx), launcher.Close(ctx))
+			if serr := srv.Shutdown(ctx); serr != nil {
 				_ = srv.Close()
+				err = errors.Join(err, serr)
 			}
 			// What is still open now (tunnels, streams, calls that did not
 			// finish in time) is cut and recorded, not left to lease expiry.
 			egress.CutAll("stopgate_shutdown")
 			stopLoops()
 			loops.Wait()
-			select {
-			case serr := <-serveErr:
-				if !errors.Is(serr, http.ErrServerClosed) {
-					err = errors.Join(err, serr)
+			for range 2 {
+				select {
+				case serr := <-serveErr:
+					if !errors.Is(serr, http.ErrServerClosed) {
+						err = errors.Join(err, serr)
+					}
+				default:
 				}
-			default:
 			}
 			return err
 		},

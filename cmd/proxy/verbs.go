@@ -38,6 +38,8 @@ type verbOpts struct {
 	worker string
 	lease  *time.Duration
 	at     string
+	// browser
+	run string
 }
 
 func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
@@ -91,6 +93,9 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 			o.lease = &d
 			return nil
 		})
+	case "browser":
+		fs.StringVar(&o.run, "run", "", "the run the browser belongs to (required)")
+		fs.Int64Var(&o.version, "version", 0, "the cancel_version the agent observed, checked by every action (default: the run's at the launch)")
 	case "retry":
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version observed (default: none, the run must be ACTIVE)")
 		fs.StringVar(&o.at, "at", "", "RFC 3339 `time` the retry may start, e.g. 2026-01-02T10:00:00Z (required)")
@@ -474,5 +479,37 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 	fmt.Fprintf(c.stdout, "scheduled attempt %d of %s of %s at %s; a cancel revokes it until then\n",
 		attempt, safe(pos[1]), safe(in.RunID), fmtTime(in.NotBefore))
 	printIntent(c.stdout, in)
+	return nil
+}
+
+// browser asks stopgate serve for the run's guarded browser and prints its
+// websocket URL alone on the first line, for an agent to connect to. The
+// browser lives in stopgate serve until the run is over: this returns.
+func (c *cli) browser(ctx context.Context, args []string) error {
+	cl, o, _, err := c.parseVerb("browser", args)
+	if err != nil {
+		return err
+	}
+	if o.run == "" {
+		return usagef("browser", "--run is required: the run the browser belongs to")
+	}
+	if err := state.ValidateRunID(o.run); err != nil {
+		return usagef("browser", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+	}
+	reply, err := cl.Browser(ctx, o.run, control.BrowserRequest{CancelVersion: o.version})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	fmt.Fprintln(c.stdout, reply.Value.WSURL)
+	how := "launched"
+	if !reply.Value.Created {
+		how = "already running"
+	}
+	fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; it stops when the run is over. Every action is checked against cancel_version %d.\n",
+		safe(reply.Value.RunID), how, reply.Value.CancelVersion)
 	return nil
 }
