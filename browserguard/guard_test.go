@@ -282,3 +282,114 @@ func TestGuardRefusesWhatIsNotACDPClient(t *testing.T) {
 		t.Errorf("%d connections open after refusals", e.guard.Connections())
 	}
 }
+
+// sendEvaluate sends a Runtime.evaluate that awaits its promise, without
+// waiting for the answer, and returns its id.
+func (r *rawCDP) sendEvaluate(session, expression string) int64 {
+	r.t.Helper()
+	r.next++
+	b, _ := json.Marshal(map[string]any{"id": r.next, "sessionId": session, "method": "Runtime.evaluate",
+		"params": map[string]any{"expression": expression, "awaitPromise": true, "returnByValue": true}})
+	r.send(websocket.MessageText, b)
+	return r.next
+}
+
+// inFlight waits until the run has an IN_FLIGHT browser intent of method.
+func inFlight(t *testing.T, s state.Store, run, method string) state.Intent {
+	t.Helper()
+	var got state.Intent
+	eventually(t, 5*time.Second, method+" is IN_FLIGHT", func() bool {
+		for _, in := range intentsOf(t, s, run, state.BoundaryBrowser, method) {
+			if in.State == state.IntentInFlight {
+				got = in
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// TestActionInFlight: an action admitted before the cancel finishes and is
+// recorded, but what it tries to do on the network after the cancel is
+// refused by the egress proxy; an action whose connection drops, or whose
+// drain deadline passes, is recorded UNKNOWN, and nothing new reaches the
+// site either way.
+func TestActionInFlight(t *testing.T) {
+	store := newFileStore(t)
+	e := newEnv(t, store)
+	up := newUpstream(t)
+
+	t.Run("AcrossTheCancel", func(t *testing.T) {
+		c := dialCDP(t, e.launch(t, "r5"))
+		page := c.attachPage()
+		if a := c.call(page, "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
+			t.Fatalf("navigate: %+v", a.Error)
+		}
+		eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
+		id := c.sendEvaluate(page, `new Promise(r => setTimeout(() => fetch("/late").then(x => r(x.status), () => r(-1)), 300))`)
+		in := inFlight(t, store, "r5", "Runtime.evaluate")
+		if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r5", Actor: "test", DrainTimeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		var a answer
+		for a = c.answer(); a.ID == nil || *a.ID != id; a = c.answer() {
+		}
+		if a.Error != nil || !strings.Contains(string(a.Result), `"value":409`) {
+			t.Fatalf("the script's fetch after the cancel: %+v %s, want the egress proxy's 409", a.Error, a.Result)
+		}
+		if got, _ := store.Intent(context.Background(), "r5", in.Key); got.State != state.IntentResponded {
+			t.Errorf("the evaluate admitted before the cancel is %s, want RESPONDED", got.State)
+		}
+		var refused bool
+		for _, h := range intentsOf(t, store, "r5", state.BoundaryHTTP, "GET") {
+			refused = refused || h.Target == up.URL+"/late" && h.State == state.IntentCancelledBeforeDispatch
+		}
+		if !refused || up.hits.Load() != 1 {
+			t.Fatalf("the script's request after the cancel: refused %v, site hits %d (want refused, 1):%s",
+				refused, up.hits.Load(), describe(intentsOf(t, store, "r5", state.BoundaryHTTP, "")))
+		}
+	})
+
+	t.Run("ConnectionDrops", func(t *testing.T) {
+		c := dialCDP(t, e.launch(t, "r6"))
+		page := c.attachPage()
+		c.sendEvaluate(page, `new Promise(() => {})`)
+		in := inFlight(t, store, "r6", "Runtime.evaluate")
+		_ = c.conn.CloseNow()
+		eventually(t, 5*time.Second, "the unanswered action is UNKNOWN", func() bool {
+			got, _ := store.Intent(context.Background(), "r6", in.Key)
+			return got.State == state.IntentUnknown && strings.Contains(got.Reason, "closed before the browser answered")
+		})
+	})
+
+	t.Run("DrainDeadline", func(t *testing.T) {
+		c := dialCDP(t, e.launch(t, "r7"))
+		page := c.attachPage()
+		c.sendEvaluate(page, `new Promise(() => {})`)
+		in := inFlight(t, store, "r7", "Runtime.evaluate")
+		if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r7", Actor: "test", DrainTimeout: 100 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+		row, err := store.Tick(context.Background(), "r7", "test")
+		if err != nil || row.Status != state.StatusUnknown || row.StatusReason != "drain_timeout" {
+			t.Fatalf("tick past the drain deadline: %v %s (%s)", err, row.Status, row.StatusReason)
+		}
+		if got, _ := store.Intent(context.Background(), "r7", in.Key); got.State != state.IntentUnknown {
+			t.Errorf("the action cut by the drain deadline is %s, want UNKNOWN", got.State)
+		}
+		// The client is told why its connection closes, then the browser goes.
+		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		defer cancel()
+		for {
+			if _, _, err := c.conn.Read(ctx); err != nil {
+				if websocket.CloseStatus(err) != websocket.StatusPolicyViolation || !strings.Contains(err.Error(), "run r7 is UNKNOWN") {
+					t.Fatalf("the UNKNOWN run's connection ended with %v, want 1008 naming the run's state", err)
+				}
+				break
+			}
+		}
+		eventually(t, 10*time.Second, "the browser of the UNKNOWN run stops", func() bool { _, ok := e.launcher.DevTools("r7"); return !ok })
+	})
+}
