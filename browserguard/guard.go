@@ -130,8 +130,8 @@ func New(cfg Config) (*Guard, error) {
 	for _, p := range []string{"/json", "/json/{$}", "/json/list", "/json/list/{$}"} {
 		g.mux.HandleFunc(prefix+p, g.jsonList)
 	}
-	g.mux.HandleFunc(prefix+"/devtools/browser/{id}", g.websocket("browser"))
-	g.mux.HandleFunc(prefix+"/devtools/page/{id}", g.websocket("page"))
+	g.mux.HandleFunc(prefix+"/devtools/browser/{id}", g.serveCDP("browser"))
+	g.mux.HandleFunc(prefix+"/devtools/page/{id}", g.serveCDP("page"))
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf(
 			"no endpoint %s %s: this is stopgate's browser guard; connect to ws://HOST/run/RUN/VERSION/devtools/browser/ID "+
@@ -273,10 +273,10 @@ func rewriteWS(doc map[string]any, host, prefix string) {
 	doc["webSocketDebuggerUrl"] = (&url.URL{Scheme: "ws", Host: host, Path: prefix + u.Path}).String()
 }
 
-// websocket serves /devtools/{kind}/{id}: it checks the run, dials the
+// serveCDP serves /devtools/{kind}/{id}: it checks the run, dials the
 // browser, then carries frames both ways until either side goes, the run
 // is over, or the guard closes.
-func (g *Guard) websocket(kind string) http.HandlerFunc {
+func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		run, version, addr, ok := g.browserFor(w, r)
 		if !ok {

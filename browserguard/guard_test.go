@@ -393,3 +393,50 @@ func TestActionInFlight(t *testing.T) {
 		eventually(t, 10*time.Second, "the browser of the UNKNOWN run stops", func() bool { _, ok := e.launcher.DevTools("r7"); return !ok })
 	})
 }
+
+// TestPageEndpointIsGuarded: clients that find a page in /json/list and
+// connect to its own endpoint are guarded the same way.
+func TestPageEndpointIsGuarded(t *testing.T) {
+	store := newFileStore(t)
+	e := newEnv(t, store)
+	up := newUpstream(t)
+	e.launch(t, "r8")
+	resp, err := http.Get("http://" + e.guardHost + "/run/r8/1/json/list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []map[string]any
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pageWS string
+	for _, target := range list {
+		if _, ok := target["devtoolsFrontendUrl"]; ok {
+			t.Errorf("/json/list hands out a frontend URL around the guard: %v", target)
+		}
+		if ws, _ := target["webSocketDebuggerUrl"].(string); target["type"] == "page" && pageWS == "" {
+			pageWS = ws
+		}
+	}
+	if !strings.HasPrefix(pageWS, "ws://"+e.guardHost+"/run/r8/1/devtools/page/") {
+		t.Fatalf("page endpoint %q is not the guard's (list %v)", pageWS, list)
+	}
+	c := dialCDP(t, pageWS)
+	if a := c.call("", "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
+		t.Fatalf("navigate on the page endpoint: %+v", a.Error)
+	}
+	eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
+	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r8", Actor: "test", DrainTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	a := c.call("", "Page.navigate", map[string]any{"url": up.URL + "/again"})
+	if a.Error == nil || !strings.Contains(a.Error.Message, "run r8 is CANCELLING") {
+		t.Fatalf("navigate on the page endpoint after the cancel: %+v %s", a.Error, a.Result)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := up.hits.Load(); n != 1 {
+		t.Fatalf("the site saw %d page loads, want 1", n)
+	}
+}
