@@ -26,6 +26,9 @@ const DefaultChromium = "/usr/bin/chromium"
 // launchMethod is the method of the intent that records a launch.
 const launchMethod = "launch"
 
+// profilePrefix names the profile directories of launched browsers.
+const profilePrefix = "stopgate-browser-"
+
 // Bounds of a launched browser's life.
 const (
 	defaultStartTimeout = 20 * time.Second
@@ -232,7 +235,7 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(l.cfg.TempDir, "stopgate-browser-"+strings.ReplaceAll(run, ":", "_")+"-")
+	dir, err := os.MkdirTemp(l.cfg.TempDir, profilePrefix+strings.ReplaceAll(run, ":", "_")+"-")
 	if err != nil {
 		return nil, fmt.Errorf("browser profile directory: %w", err)
 	}
@@ -412,8 +415,11 @@ func (l *Launcher) runs() []string {
 	return ids
 }
 
-// Run stops the browsers of runs that are over, until ctx ends.
+// Run stops the browsers of runs that are over, until ctx ends. It first
+// removes the profiles that browsers of a stopgate killed with -9 left
+// behind.
 func (l *Launcher) Run(ctx context.Context) {
+	l.removeStaleProfiles()
 	watcher{
 		store: l.cfg.Store, interval: l.cfg.RecheckInterval, timeout: l.cfg.StoreTimeout, log: l.log,
 		held: l.runs, enforce: l.enforce,
@@ -478,4 +484,40 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.buf)
+}
+
+// removeStaleProfiles removes the profile directories whose browser is
+// gone without its launcher having removed them (stopgate killed with -9:
+// the kernel kills the browser, nobody removes its profile). Chromium's own
+// SingletonLock ("HOST-PID") says whose a profile is; one of another host,
+// of a live process, or without a lock is left alone.
+func (l *Launcher) removeStaleProfiles() {
+	dir := l.cfg.TempDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return
+	}
+	profiles, _ := filepath.Glob(filepath.Join(dir, profilePrefix+"*"))
+	for _, p := range profiles {
+		owner, err := os.Readlink(filepath.Join(p, "SingletonLock"))
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndex(owner, "-")
+		if i < 0 || owner[:i] != host {
+			continue
+		}
+		pid, err := strconv.Atoi(owner[i+1:])
+		if err != nil || pid <= 0 || !processGone(pid) {
+			continue
+		}
+		if err := removeAll(p); err != nil {
+			l.log.Warn("stale browser profile not removed", "dir", p, "err", err)
+			continue
+		}
+		l.log.Info("removed the profile of a browser whose stopgate died", "dir", p)
+	}
 }

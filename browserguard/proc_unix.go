@@ -3,6 +3,7 @@
 package browserguard
 
 import (
+	"errors"
 	"os/exec"
 	"syscall"
 )
@@ -19,4 +20,10 @@ func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
 		return
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, sig)
+}
+
+// processGone reports whether no live process has the id pid: none at
+// all, or one that has exited and waits to be reaped.
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) || zombie(pid)
 }
