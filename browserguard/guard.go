@@ -64,8 +64,7 @@ type Config struct {
 	Store  state.Store
 	Ledger *intents.Ledger
 	// Browsers finds the DevTools address (host:port) of the browser that
-	// serves a run: Launcher.DevTools for launched browsers, or
-	// StaticBrowser for one browser the operator runs.
+	// serves a run: Launcher.DevTools.
 	Browsers func(run string) (addr string, ok bool)
 	// AutoAdmit admits an unseen run on its first action (never a tombstone).
 	AutoAdmit bool
@@ -78,12 +77,6 @@ type Config struct {
 	// StoreTimeout bounds each store call outside the ledger.
 	StoreTimeout time.Duration
 	Logger       *slog.Logger
-}
-
-// StaticBrowser serves every run with the one browser whose DevTools
-// endpoint listens on addr (host:port).
-func StaticBrowser(addr string) func(string) (string, bool) {
-	return func(string) (string, bool) { return addr, true }
 }
 
 // Guard is the CDP proxy; it is an http.Handler.

@@ -233,7 +233,7 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	}
 	egress, err := l.cfg.Egress(run)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("egress proxy for the browser: %w", err)
 	}
 	dir, err := os.MkdirTemp(l.cfg.TempDir, profilePrefix+strings.ReplaceAll(run, ":", "_")+"-")
 	if err != nil {

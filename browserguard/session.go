@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/websocket"
 
@@ -30,6 +31,9 @@ type session struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	once sync.Once
+	// ended is set when end is called, before either connection closes:
+	// an admitted command not yet written then was provably never sent.
+	ended atomic.Bool
 
 	mu sync.Mutex
 	// pending are admitted actions forwarded to the browser and not yet
@@ -67,6 +71,7 @@ func (s *session) serve() {
 // (the cancel watcher, a shutdown) never waits on a slow client.
 func (s *session) end(code websocket.StatusCode, reason string) {
 	s.once.Do(func() {
+		s.ended.Store(true)
 		// A close reason is at most 123 bytes on the wire.
 		reason = truncate(reason, 123)
 		go func() {
@@ -167,7 +172,7 @@ func (s *session) handle(data []byte) {
 			"refusal="+res.Refusal+" intent="+res.Intent.Key))
 		return
 	}
-	if s.ctx.Err() != nil {
+	if s.ended.Load() {
 		s.finish(res.Intent, state.IntentNotSent, "the CDP connection closed before the command was forwarded")
 		return
 	}
