@@ -85,6 +85,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 			describe(intentsOf(t, store, "r1", state.BoundaryHTTP, "")))
 	}
 
+	release := holdCancelling(t, store, "r1")
 	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r1", Actor: "test", Reason: "operator stop", DrainTimeout: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +124,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 			describe(intentsOf(t, store, "r1", state.BoundaryBrowser, "")))
 	}
 
+	release()
 	// Nothing is in flight: the sweeper's tick makes the run CANCELLED,
 	// and then its connection closes and its browser goes.
 	// (The browser's own background requests may hold a tunnel open for a
@@ -437,6 +439,7 @@ func TestPageEndpointIsGuarded(t *testing.T) {
 		t.Fatalf("navigate on the page endpoint: %+v", a.Error)
 	}
 	eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
+	holdCancelling(t, store, "r8")
 	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r8", Actor: "test", DrainTimeout: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -447,5 +450,26 @@ func TestPageEndpointIsGuarded(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if n := up.hits.Load(); n != 1 {
 		t.Fatalf("the site saw %d page loads, want 1", n)
+	}
+}
+
+// holdCancelling keeps run draining: a claim of a worker still in flight, so
+// that an outcome the browser's own background requests record meanwhile
+// cannot drain the run to CANCELLED (and close its connection) before the
+// test has looked at its refusals. Calling the result lets the claim go.
+func holdCancelling(t *testing.T, store state.Store, run string) (release func()) {
+	t.Helper()
+	res, err := store.Guard(context.Background(), state.GuardRequest{
+		RunID: run, Key: "claim:hold", ExplicitKey: true, Boundary: state.BoundaryClaim,
+		LeaseOwner: "test", LeaseTTL: time.Minute, Actor: "test",
+	})
+	if err != nil || !res.Admitted {
+		t.Fatalf("hold %s: %+v %v", run, res, err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := store.Finish(context.Background(), state.FinishRequest{RunID: run, Key: "claim:hold", Attempt: res.Intent.Attempts, Outcome: state.IntentNotSent, Actor: "test"}); err != nil {
+			t.Fatalf("release %s: %v", run, err)
+		}
 	}
 }

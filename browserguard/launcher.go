@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/intents"
-	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -245,7 +244,7 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 		return nil, fmt.Errorf("egress listener for the browser: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           boundToRun(egress),
+		Handler:           egress,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
 	}
@@ -313,19 +312,6 @@ func chromiumArgs(profile, proxyAddr string) []string {
 		"--ignore-certificate-errors",
 		"about:blank",
 	}
-}
-
-// boundToRun strips what would name another run from the browser's
-// requests, so that the bound listener's run is the only identity a page
-// can have. (Requests inside an intercepted HTTPS tunnel are read by the
-// egress proxy itself; see docs/browser.md.)
-func boundToRun(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, k := range []string{proxy.HeaderRunID, proxy.HeaderRunVersion, "Proxy-Authorization"} {
-			r.Header.Del(k)
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // waitDevTools reads the port and browser path Chromium writes to

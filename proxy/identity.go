@@ -25,6 +25,10 @@ type identity struct {
 	run     string
 	version int64
 	via     string
+	// bound: the listener itself names the run (ForRun), and nothing the
+	// client sends can name another: a page script must not be able to
+	// spend another run's effects.
+	bound bool
 }
 
 var errNoIdentity = errors.New("no run identity: send X-Run-ID (and X-Run-Version), or proxy credentials RUN_ID:VERSION, or start the sidecar with --run")
@@ -37,8 +41,12 @@ func (e badCredentials) Error() string { return e.msg }
 
 // identify reads the run identity in the contract's order of precedence:
 // headers, then proxy credentials, then the fallback (the CONNECT's identity
-// inside a MITM tunnel, or the sidecar's static run).
+// inside a MITM tunnel, or the sidecar's static run) — except on a listener
+// bound to a run, whose run is the only one its clients can name.
 func identify(h http.Header, fallback *identity) (identity, error) {
+	if fallback != nil && fallback.bound {
+		return *fallback, nil
+	}
 	if run := h.Get(HeaderRunID); run != "" || h.Get(HeaderRunVersion) != "" {
 		if run == "" {
 			return identity{}, fmt.Errorf("%w: %s without %s", state.ErrInvalid, HeaderRunVersion, HeaderRunID)

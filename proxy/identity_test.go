@@ -17,11 +17,12 @@ func TestIdentifyPrecedence(t *testing.T) {
 		fallback *identity
 		want     identity
 	}{
-		{"headers win over credentials", http.Header{"X-Run-Id": {"h"}, "X-Run-Version": {"3"}, "Proxy-Authorization": {basic("c:1")}}, static, identity{"h", 3, "header"}},
-		{"credentials win over the static run", http.Header{"Proxy-Authorization": {basic("c:2")}}, static, identity{"c", 2, "credentials"}},
-		{"credentials without a version check ACTIVE alone", http.Header{"Proxy-Authorization": {basic("c:")}}, nil, identity{"c", 0, "credentials"}},
-		{"user without a colon", http.Header{"Proxy-Authorization": {basic("c")}}, nil, identity{"c", 0, "credentials"}},
-		{"the static run last", http.Header{}, static, identity{"static", 0, "static"}},
+		{"headers win over credentials", http.Header{"X-Run-Id": {"h"}, "X-Run-Version": {"3"}, "Proxy-Authorization": {basic("c:1")}}, static, identity{run: "h", version: 3, via: "header"}},
+		{"credentials win over the static run", http.Header{"Proxy-Authorization": {basic("c:2")}}, static, identity{run: "c", version: 2, via: "credentials"}},
+		{"credentials without a version check ACTIVE alone", http.Header{"Proxy-Authorization": {basic("c:")}}, nil, identity{run: "c", version: 0, via: "credentials"}},
+		{"user without a colon", http.Header{"Proxy-Authorization": {basic("c")}}, nil, identity{run: "c", version: 0, via: "credentials"}},
+		{"the static run last", http.Header{}, static, identity{run: "static", version: 0, via: "static"}},
+		{"a bound listener's run over everything", http.Header{"X-Run-Id": {"h"}, "Proxy-Authorization": {basic("c:1")}}, &identity{run: "b", via: "bound listener", bound: true}, identity{run: "b", via: "bound listener", bound: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := identify(tc.header, tc.fallback)

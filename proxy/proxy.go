@@ -172,14 +172,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// ForRun returns the proxy as a handler that binds every request naming no
-// run of its own to run, as --run does for the whole sidecar: for a client
-// that cannot send credentials, such as a browser launched for the run.
+// ForRun returns the proxy as a handler that binds every request to run,
+// whatever run its headers or credentials name (they are stripped): for a
+// client that cannot send credentials and must not be able to choose, such
+// as a browser launched for the run, whose pages run untrusted scripts.
 func (p *Proxy) ForRun(run string) (http.Handler, error) {
 	if err := state.ValidateRunID(run); err != nil {
 		return nil, fmt.Errorf("bind proxy to run: %w", err)
 	}
-	bound := &identity{run: run, via: "bound listener"}
+	bound := &identity{run: run, via: "bound listener", bound: true}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), boundRunKey{}, bound)))
 	}), nil

@@ -386,7 +386,7 @@ func raceRounds(t *testing.T) int {
 	return n
 }
 
-func TestListenerBoundToRunNamesRequestsThatNameNone(t *testing.T) {
+func TestListenerBoundToRunNamesEveryRequest(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	up := newUpstream(t, true, nil)
 	h, err := e.proxy.ForRun("bound")
@@ -403,18 +403,24 @@ func TestListenerBoundToRunNamesRequestsThatNameNone(t *testing.T) {
 	if resp, _ := do(t, c, "GET", up.URL+"/", nil, nil); resp.StatusCode != 200 {
 		t.Fatalf("through the bound listener: %d", resp.StatusCode)
 	}
+	// A page script naming another run, inside the intercepted tunnel.
 	if resp, _ := do(t, c, "GET", up.URL+"/", nil, http.Header{"X-Run-Id": {"other"}}); resp.StatusCode != 200 {
-		t.Fatalf("a request naming its own run: %d", resp.StatusCode)
+		t.Fatalf("a request naming another run: %d", resp.StatusCode)
 	}
-	if n := len(e.intents("bound")); n != 1 {
-		t.Fatalf("bound run has %d intents, want 1", n)
+	if n := len(e.intents("bound")); n != 2 {
+		t.Fatalf("bound run has %d intents, want 2", n)
 	}
-	if n := len(e.intents("other")); n != 1 {
-		t.Fatalf("a request naming its run was recorded under the bound one")
+	if ins, _ := e.store.Intents(context.Background(), "other"); len(ins) != 0 {
+		t.Fatalf("a client of the bound listener spent another run's effects: %+v", ins)
+	}
+	if got := up.lastHeader().Get("X-Run-Id"); got != "" {
+		t.Fatalf("the named run reached the upstream: %q", got)
 	}
 	e.cancel("bound", time.Minute)
-	if resp, _ := do(t, c, "GET", up.URL+"/", nil, nil); resp.StatusCode != 409 {
-		t.Fatalf("bound run after its cancel: %d", resp.StatusCode)
+	for _, h := range []http.Header{nil, {"X-Run-Id": {"other"}}} {
+		if resp, _ := do(t, c, "GET", up.URL+"/", nil, h); resp.StatusCode != 409 {
+			t.Fatalf("bound run after its cancel (headers %v): %d", h, resp.StatusCode)
+		}
 	}
 	if _, err := e.proxy.ForRun("bad run"); err == nil {
 		t.Fatal("a bad run id was bound")

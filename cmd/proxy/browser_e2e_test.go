@@ -51,9 +51,9 @@ func TestBrowserEndToEnd(t *testing.T) {
 	}))
 	defer site.Close()
 
-	// The sweeper is slowed so that the run stays CANCELLING (connection
-	// open, actions refused) for the walk; the browser package's tests
-	// cover what happens once it is CANCELLED.
+	// The sweeper is slowed and a claim held (below) so that the run stays
+	// CANCELLING (connection open, actions refused) for the walk; the
+	// browser package's tests cover what happens once it is CANCELLED.
 	s := startServe(t, "--data-dir", t.TempDir(), "--chromium", chromium, "--sweep-interval", "1m")
 	out := s.must(t, 0, "browser", "--run", "b1")
 	ws, _, _ := strings.Cut(out, "\n")
@@ -77,6 +77,10 @@ func TestBrowserEndToEnd(t *testing.T) {
 		t.Fatalf("the site saw %d requests, want 1", hits.Load())
 	}
 
+	// A worker's claim still in flight keeps the run draining, so that an
+	// outcome the browser's own background requests record meanwhile
+	// cannot finish the drain (and close the connection) before we look.
+	s.must(t, 0, "claim", "b1", "hold", "--worker", "test")
 	s.must(t, 0, "cancel", "b1", "--reason", "operator stop")
 	err := chromedp.Do(cdp, chromedp.Navigate(site.URL+"/pay"))
 	const want = "run b1 is CANCELLING at cancel_version 2 (observed 1): Page.navigate refused, recorded CANCELLED_BEFORE_DISPATCH"
