@@ -331,18 +331,15 @@ func TestActionInFlight(t *testing.T) {
 			t.Fatalf("navigate: %+v", a.Error)
 		}
 		eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
-		// The script waits for a resize, which a read-only command (not an
-		// action) causes after the cancel: what it then sends is new work
-		// of a cancelled run, whenever the script runs.
-		id := c.sendEvaluate(page, `new Promise(r => addEventListener("resize", () => fetch("/late").then(x => r(x.status), () => r(-1)), {once: true}))`)
+		// The script waits on a request the site holds; the cancel cuts it
+		// (a GET is cut at once), and what the script sends next is new
+		// work of a cancelled run.
+		id := c.sendEvaluate(page, `fetch("/gate").catch(() => 0).then(() => fetch("/late")).then(x => x.status, () => -1)`)
 		in := inFlight(t, store, "r5", "Runtime.evaluate")
+		eventually(t, 5*time.Second, "the script's first request is held at the site", func() bool { return up.hits.Load() == 2 })
 		if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r5", Actor: "test", DrainTimeout: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		c.next++
-		resize, _ := json.Marshal(map[string]any{"id": c.next, "sessionId": page, "method": "Emulation.setDeviceMetricsOverride",
-			"params": map[string]any{"width": 640, "height": 480, "deviceScaleFactor": 1, "mobile": false}})
-		c.send(websocket.MessageText, resize)
 		var a answer
 		for a = c.answer(); a.ID == nil || *a.ID != id; a = c.answer() {
 		}
@@ -356,8 +353,8 @@ func TestActionInFlight(t *testing.T) {
 		for _, h := range intentsOf(t, store, "r5", state.BoundaryHTTP, "GET") {
 			refused = refused || h.Target == up.URL+"/late" && h.State == state.IntentCancelledBeforeDispatch
 		}
-		if !refused || up.hits.Load() != 1 {
-			t.Fatalf("the script's request after the cancel: refused %v, site hits %d (want refused, 1):%s",
+		if !refused || up.hits.Load() != 2 {
+			t.Fatalf("the script's request after the cancel: refused %v, site hits %d (want refused, 2):%s",
 				refused, up.hits.Load(), describe(intentsOf(t, store, "r5", state.BoundaryHTTP, "")))
 		}
 	})

@@ -71,6 +71,12 @@ func newUpstream(t testing.TB) *upstream {
 			return
 		}
 		u.hits.Add(1)
+		if r.URL.Path == "/gate" {
+			// Held until stopgate cuts it, so a test decides when a
+			// script's next step runs.
+			<-r.Context().Done()
+			return
+		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		io.WriteString(w, pageHTML)
 	}))
