@@ -337,6 +337,10 @@ func TestActionInFlight(t *testing.T) {
 		id := c.sendEvaluate(page, `fetch("/gate").catch(() => 0).then(() => fetch("/late")).then(x => x.status, () => -1)`)
 		in := inFlight(t, store, "r5", "Runtime.evaluate")
 		eventually(t, 5*time.Second, "the script's first request is held at the site", func() bool { return up.hits.Load() == 2 })
+		// The cut GET is UNKNOWN (bytes were sent): once the evaluate is
+		// answered the run would be UNKNOWN and its connection closed,
+		// racing the answer we read. A claim in flight keeps it draining.
+		holdCancelling(t, store, "r5")
 		if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r5", Actor: "test", DrainTimeout: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
