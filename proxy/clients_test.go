@@ -46,7 +46,8 @@ func TestMain(m *testing.M) {
 type provider struct {
 	name  string
 	hits  atomic.Int64
-	srv   *httptest.Server
+	srv   *httptest.Server // https://name/
+	plain *httptest.Server // http://name/
 	roots *x509.CertPool
 }
 
@@ -64,24 +65,29 @@ func newProvider(t *testing.T, name string) *provider {
 	}
 	p := &provider{name: name, roots: x509.NewCertPool()}
 	p.roots.AddCert(caCert)
-	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.hits.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"charged":true,"path":%q}`, r.URL.Path)
-	}))
+	})
+	p.srv = httptest.NewUnstartedServer(handler)
 	p.srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
 	p.srv.StartTLS()
 	t.Cleanup(p.srv.Close)
+	p.plain = httptest.NewServer(handler)
+	t.Cleanup(p.plain.Close)
 	return p
 }
 
 // withProvider returns env options whose proxy dials the provider's name to
 // its loopback listener and trusts its CA.
 func withProvider(p *provider, opts envOptions) envOptions {
-	addr := p.srv.Listener.Addr().String()
 	opts.dial = func(ctx context.Context, network, target string) (net.Conn, error) {
-		if strings.HasPrefix(target, p.name+":") {
-			target = addr
+		switch target {
+		case p.name + ":443":
+			target = p.srv.Listener.Addr().String()
+		case p.name + ":80":
+			target = p.plain.Listener.Addr().String()
 		}
 		var d net.Dialer
 		return d.DialContext(ctx, network, target)
@@ -120,7 +126,7 @@ var agents = map[string]agent{
 	},
 	"go-net-http": func(t *testing.T, e *env, run, target string) (int, string) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "STOPGATE_TEST_AGENT_GET="+target, "HTTPS_PROXY="+e.proxyURL(run, 1), "SSL_CERT_FILE="+e.caFile(), "NO_PROXY=")
+		cmd.Env = append(os.Environ(), "STOPGATE_TEST_AGENT_GET="+target, "HTTPS_PROXY="+e.proxyURL(run, 1), "HTTP_PROXY="+e.proxyURL(run, 1), "SSL_CERT_FILE="+e.caFile(), "NO_PROXY=")
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("go agent: %v: %s", err, out)
@@ -135,7 +141,7 @@ var agents = map[string]agent{
 r = requests.post(os.environ["TARGET"], json={"agent": "python"}, timeout=10)
 print(r.status_code, r.text, end="")`
 		cmd := exec.Command("python3", "-c", script)
-		cmd.Env = append(os.Environ(), "TARGET="+target, "HTTPS_PROXY="+e.proxyURL(run, 1), "REQUESTS_CA_BUNDLE="+e.caFile(), "NO_PROXY=")
+		cmd.Env = append(os.Environ(), "TARGET="+target, "HTTPS_PROXY="+e.proxyURL(run, 1), "HTTP_PROXY="+e.proxyURL(run, 1), "REQUESTS_CA_BUNDLE="+e.caFile(), "NO_PROXY=")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("python requests (install python3-requests; make test does): %v: %s", err, out)
@@ -149,25 +155,33 @@ print(r.status_code, r.text, end="")`
 
 func TestRealClientsAreRefusedAfterCancel(t *testing.T) {
 	for name, send := range agents {
-		t.Run(name, func(t *testing.T) {
-			p := newProvider(t, "api.provider.test")
-			e := newEnv(t, withProvider(p, envOptions{}))
-			run := "agent-" + name
-			target := "https://api.provider.test/v1/charges"
+		for _, scheme := range []string{"http", "https"} {
+			t.Run(name+"/"+scheme, func(t *testing.T) {
+				realClientWalk(t, name, scheme, send)
+			})
+		}
+	}
+}
 
-			code, body := send(t, e, run, target)
-			if code != 200 || !strings.Contains(body, `"charged":true`) {
-				t.Fatalf("while ACTIVE: %d %s", code, body)
-			}
-			e.cancel(run, time.Minute)
-			code, body = send(t, e, run, target)
-			var r refusalBody
-			if err := json.Unmarshal([]byte(body), &r); err != nil || code != 409 || r.Error != "run_not_active" || r.Recorded != "CANCELLED_BEFORE_DISPATCH" {
-				t.Fatalf("after cancel: %d %s", code, body)
-			}
-			if got := p.hits.Load(); got != 1 {
-				t.Fatalf("provider saw %d requests, want 1 (none after the cancel)", got)
-			}
-		})
+// realClientWalk: the agent's POST reaches the provider while the run is
+// ACTIVE; after the cancel it gets the 409 and the provider sees nothing.
+func realClientWalk(t *testing.T, name, scheme string, send agent) {
+	p := newProvider(t, "api.provider.test")
+	e := newEnv(t, withProvider(p, envOptions{}))
+	run := "agent-" + name
+	target := scheme + "://api.provider.test/v1/charges"
+
+	code, body := send(t, e, run, target)
+	if code != 200 || !strings.Contains(body, `"charged":true`) {
+		t.Fatalf("while ACTIVE: %d %s", code, body)
+	}
+	e.cancel(run, time.Minute)
+	code, body = send(t, e, run, target)
+	var r refusalBody
+	if err := json.Unmarshal([]byte(body), &r); err != nil || code != 409 || r.Error != "run_not_active" || r.Recorded != "CANCELLED_BEFORE_DISPATCH" {
+		t.Fatalf("after cancel: %d %s", code, body)
+	}
+	if got := p.hits.Load(); got != 1 {
+		t.Fatalf("provider saw %d requests, want 1 (none after the cancel)", got)
 	}
 }
