@@ -31,13 +31,7 @@ event(run, now, actor, 'run.cancel', {from = 'ACTIVE', to = 'CANCELLING', reason
 for _, key in ipairs(redis.call('ZRANGE', K_SCHED, 0, -1)) do
   local it = load_intent(key)
   if it and it.state == 'SCHEDULED' then
-    it.state = 'REVOKED'
-    it.reason = 'run_cancelled'
-    it.updated_at = now
-    save_intent(it)
-    count(run, 'SCHEDULED', 'REVOKED')
-    event(run, now, actor, 'intent.revoked',
-      {from = 'SCHEDULED', to = 'REVOKED', reason = 'run_cancelled', intent = key})
+    force(run, it, now, actor, 'REVOKED', 'run_cancelled', 'intent.revoked')
   end
 end
 redis.call('DEL', K_SCHED)

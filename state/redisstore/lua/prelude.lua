@@ -110,6 +110,18 @@ local function new_intent(key, now)
   return {key = key, ord = ord, attempts = 0, refusals = 0, created_at = now, updated_at = now}
 end
 
+-- Moves an intent on by the step itself rather than by its carrier:
+-- revoked by the cancel, expired, or cut by the drain deadline.
+local function force(run, it, now, actor, to, why, kind)
+  local from = it.state
+  it.state = to
+  it.reason = why
+  it.updated_at = now
+  save_intent(it)
+  count(run, from, to)
+  event(run, now, actor, kind, {from = from, to = to, reason = why, intent = it.key})
+end
+
 -- Every IN_FLIGHT intent whose lease expired becomes UNKNOWN: a carrier that
 -- died is never taken as proof that nothing happened.
 local function expire_leases(run, now, actor)
@@ -118,13 +130,7 @@ local function expire_leases(run, now, actor)
     redis.call('ZREM', K_INFLIGHT, key)
     local it = load_intent(key)
     if it and it.state == 'IN_FLIGHT' then
-      it.state = 'UNKNOWN'
-      it.reason = 'lease_expired'
-      it.updated_at = now
-      save_intent(it)
-      count(run, 'IN_FLIGHT', 'UNKNOWN')
-      event(run, now, actor, 'intent.lease_expired',
-        {from = 'IN_FLIGHT', to = 'UNKNOWN', reason = 'lease_expired', intent = key})
+      force(run, it, now, actor, 'UNKNOWN', 'lease_expired', 'intent.lease_expired')
     end
   end
 end
@@ -162,13 +168,7 @@ local function finalize(run, now, actor)
       -- Creation order reads best in the audit log.
       table.sort(cut, function(a, b) return a.ord < b.ord end)
       for _, it in ipairs(cut) do
-        it.state = 'UNKNOWN'
-        it.reason = 'drain_timeout'
-        it.updated_at = now
-        save_intent(it)
-        count(run, 'IN_FLIGHT', 'UNKNOWN')
-        event(run, now, actor, 'intent.outcome',
-          {from = 'IN_FLIGHT', to = 'UNKNOWN', reason = 'drain_timeout', intent = it.key})
+        force(run, it, now, actor, 'UNKNOWN', 'drain_timeout', 'intent.outcome')
       end
       redis.call('DEL', K_INFLIGHT)
       move(run, now, actor, 'UNKNOWN', 'drain_timeout')
