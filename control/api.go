@@ -128,6 +128,21 @@ type GuardResponse struct {
 	Run      state.Run    `json:"run"`
 }
 
+// RenewRequest is the body of POST /v1/runs/{run}/intents/{key}/renew: a
+// worker's heartbeat on an effect it carries.
+type RenewRequest struct {
+	// Worker holds the lease; empty takes the request's actor.
+	Worker   string `json:"worker,omitempty"`
+	LeaseTTL *TTL   `json:"lease_ttl,omitempty"`
+}
+
+// RenewResponse is the renewed intent and the run's row: a worker that sees
+// the run is no longer ACTIVE stops at its next safe checkpoint.
+type RenewResponse struct {
+	Intent state.Intent `json:"intent"`
+	Run    state.Run    `json:"run"`
+}
+
 // Refusal is the body of a claim, retry or intent the guard refused: the
 // egress proxy's 409 shape, so a worker reads one shape whichever boundary
 // refused it. Code and Message are where Error has them, so a client that

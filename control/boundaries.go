@@ -291,6 +291,51 @@ func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
 }
 
 // getIntent reads one intent.
+// renewIntent is a worker's heartbeat on an effect it carries (a long
+// claimed step): it extends the lease and answers the run's row, which is
+// how a cooperative worker learns of a cancel at its next checkpoint. A
+// lease that is no longer the worker's (expired into UNKNOWN, finished, or
+// another worker's) is a 409: the worker must stop and not report success.
+func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
+	id, err := runID(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	key, err := intentKey(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body RenewRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if err := checkText("worker", body.Worker); err != nil {
+		return 0, nil, err
+	}
+	ttl, err := leaseTTL(body.LeaseTTL)
+	if err != nil {
+		return 0, nil, err
+	}
+	owner := cmp.Or(body.Worker, actor)
+	if err := h.store.Renew(r.Context(), owner, ttl, []state.IntentRef{{RunID: id, Key: key}}); err != nil {
+		return 0, nil, fmt.Errorf("renew the lease of intent %s of run %s: %w", key, id, err)
+	}
+	// Renew skips what is not the owner's; reading back says which it was.
+	in, err := h.store.Intent(r.Context(), id, key)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
+	}
+	run, err := h.store.Get(r.Context(), id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read run %s: %w", id, err)
+	}
+	if in.State != state.IntentInFlight || in.LeaseOwner != owner {
+		return 0, nil, &state.Conflict{Code: state.ConflictNotInFlight, Run: run, Intent: &in,
+			Detail: fmt.Sprintf("the lease is not %s's: the intent is %s, leased to %q; stop, and do not report success", owner, in.State, in.LeaseOwner)}
+	}
+	return http.StatusOK, RenewResponse{Intent: in, Run: run}, nil
+}
+
 func (h *Handler) getIntent(r *http.Request, _ string) (int, any, error) {
 	id, err := runID(r)
 	if err != nil {

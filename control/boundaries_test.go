@@ -287,6 +287,43 @@ func TestScheduledRetryIsDispatchedUntilTheCancel(t *testing.T) {
 	})
 }
 
+// TestRenewIsTheWorkersHeartbeat: renewing a claim extends its lease and
+// tells the worker the run's state, so a cooperative worker learns of the
+// cancel at its next checkpoint; a lease that is not the worker's any more
+// is a 409.
+func TestRenewIsTheWorkersHeartbeat(t *testing.T) {
+	onBothStores(t, func(t *testing.T, store state.Store) {
+		srv := serve(t, store, "")
+		renewed := func(status state.Status) func(t *testing.T, r reply) {
+			return func(t *testing.T, r reply) {
+				t.Helper()
+				var got control.RenewResponse
+				r.json(t, &got)
+				if got.Run.Status != status || got.Intent.State != state.IntentInFlight || time.Until(got.Intent.LeaseExpires) < 50*time.Minute {
+					t.Fatalf("renewed: run %s, intent %s leased until %s; want run %s, IN_FLIGHT for about an hour: %s",
+						got.Run.Status, got.Intent.State, got.Intent.LeaseExpires, status, r.body)
+				}
+			}
+		}
+		run(t, srv, []spec{
+			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"hb"}`, status: 201},
+			{name: "Claim", method: "POST", path: "/v1/runs/hb/claims", body: `{"step_id":"s1","worker":"w1","lease_ttl":"1m"}`, status: 201},
+			{name: "Renew", method: "POST", path: "/v1/runs/hb/intents/claim:s1/renew", body: `{"worker":"w1","lease_ttl":"1h"}`, status: 200,
+				check: renewed(state.StatusActive)},
+			{name: "Cancel", method: "POST", path: "/v1/runs/hb/cancel", status: 202},
+			{name: "RenewTellsOfTheCancel", method: "POST", path: "/v1/runs/hb/intents/claim:s1/renew", body: `{"worker":"w1","lease_ttl":"1h"}`, status: 200,
+				check: renewed(state.StatusCancelling)},
+			{name: "AnotherWorker", method: "POST", path: "/v1/runs/hb/intents/claim:s1/renew", body: `{"worker":"w2"}`, status: 409,
+				code: state.ConflictNotInFlight, message: "leased to \"w1\""},
+			{name: "Release", method: "PATCH", path: "/v1/runs/hb/intents/claim:s1", body: `{"outcome":"not_sent"}`, status: 200},
+			{name: "RenewAfterRelease", method: "POST", path: "/v1/runs/hb/intents/claim:s1/renew", body: `{"worker":"w1"}`, status: 409,
+				code: state.ConflictNotInFlight, message: "NOT_SENT"},
+			{name: "UnknownIntent", method: "POST", path: "/v1/runs/hb/intents/claim:nope/renew", body: `{}`, status: 404, code: "not_found", message: "no intent claim:nope"},
+			{name: "BadTTL", method: "POST", path: "/v1/runs/hb/intents/claim:s1/renew", body: `{"lease_ttl":"-1s"}`, status: 400, code: "invalid_request", message: "lease_ttl"},
+		})
+	})
+}
+
 func TestIntentGuardedBeforeAndAfterCancel(t *testing.T) {
 	onBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")

@@ -154,6 +154,7 @@ func (h *Handler) routes() {
 		{http.MethodPost, "/v1/runs/{run}/intents", h.beginIntent},
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
+		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", h.renewIntent},
 		{http.MethodPost, resolvePath, h.resolve},
 		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
 	}
