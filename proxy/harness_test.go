@@ -20,6 +20,7 @@ import (
 
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 )
@@ -88,6 +89,8 @@ type envOptions struct {
 	leaseTTL    time.Duration
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
 	roots       *x509.CertPool
+	tokens      *runtoken.Signer
+	requireTok  bool
 }
 
 func newFileStore(t testing.TB) state.Store {
@@ -129,7 +132,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: time.Second, Logger: log})
 	p, err := proxy.New(proxy.Config{
 		Store: opts.store, Ledger: ledger, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial,
+		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
 		RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
 	})
 	if err != nil {

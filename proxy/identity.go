@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -15,6 +17,7 @@ import (
 const (
 	HeaderRunID      = "X-Run-ID"
 	HeaderRunVersion = "X-Run-Version"
+	HeaderRunToken   = "X-Run-Token"
 	HeaderIntent     = "X-Stopgate-Intent"
 	HeaderRefusal    = "X-Stopgate-Refusal"
 )
@@ -39,15 +42,58 @@ type badCredentials struct{ msg string }
 
 func (e badCredentials) Error() string { return e.msg }
 
+// tokenCheck is how the proxy treats signed run tokens: verified with
+// signer when one is configured, and with require, the only accepted way
+// for a client to name its run (a static or bound run excepted).
+type tokenCheck struct {
+	signer  *runtoken.Signer
+	require bool
+	now     func() time.Time
+}
+
+// verify checks a token and that it names run (when run is given).
+func (tc tokenCheck) verify(token, run, via string) (identity, error) {
+	if tc.signer == nil {
+		return identity{}, badCredentials{"this proxy has no run-token secret: send the cancel version instead of a token"}
+	}
+	now := time.Now
+	if tc.now != nil {
+		now = tc.now
+	}
+	c, err := tc.signer.Verify(token, now())
+	if err != nil {
+		return identity{}, badCredentials{err.Error()}
+	}
+	if run != "" && run != c.RunID {
+		return identity{}, badCredentials{fmt.Sprintf("the run token is for run %s, not %s", c.RunID, run)}
+	}
+	return identity{run: c.RunID, version: c.Version, via: via}, nil
+}
+
+// unsigned refuses an identity without a token when tokens are required.
+func (tc tokenCheck) unsigned(id identity) (identity, error) {
+	if tc.require {
+		return identity{}, badCredentials{"a signed run token is required: send it as the proxy password (RUN_ID:TOKEN) or in " + HeaderRunToken + " (stopgate token RUN)"}
+	}
+	return id, nil
+}
+
 // identify reads the run identity in the contract's order of precedence:
 // headers, then proxy credentials, then the fallback (the CONNECT's identity
 // inside a MITM tunnel, or the sidecar's static run) — except on a listener
 // bound to a run, whose run is the only one its clients can name.
-func identify(h http.Header, fallback *identity) (identity, error) {
+func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error) {
 	if fallback != nil && fallback.bound {
 		return *fallback, nil
 	}
-	if run := h.Get(HeaderRunID); run != "" || h.Get(HeaderRunVersion) != "" {
+	run := h.Get(HeaderRunID)
+	if tok := h.Get(HeaderRunToken); tok != "" {
+		if h.Get(HeaderRunVersion) != "" {
+			return identity{}, fmt.Errorf("%w: %s and %s together: the token carries the version", state.ErrInvalid, HeaderRunToken, HeaderRunVersion)
+		}
+		return tc.verify(tok, run, "token header")
+	}
+	if run != "" || h.Get(HeaderRunVersion) != "" {
 		if run == "" {
 			return identity{}, fmt.Errorf("%w: %s without %s", state.ErrInvalid, HeaderRunVersion, HeaderRunID)
 		}
@@ -58,10 +104,10 @@ func identify(h http.Header, fallback *identity) (identity, error) {
 		if err != nil {
 			return identity{}, fmt.Errorf("header %s: %w", HeaderRunVersion, err)
 		}
-		return identity{run: run, version: v, via: "header"}, nil
+		return tc.unsigned(identity{run: run, version: v, via: "header"})
 	}
 	if auth := h.Get("Proxy-Authorization"); auth != "" {
-		return fromCredentials(auth)
+		return fromCredentials(auth, tc)
 	}
 	if fallback != nil {
 		return *fallback, nil
@@ -69,7 +115,7 @@ func identify(h http.Header, fallback *identity) (identity, error) {
 	return identity{}, errNoIdentity
 }
 
-func fromCredentials(auth string) (identity, error) {
+func fromCredentials(auth string, tc tokenCheck) (identity, error) {
 	scheme, encoded, ok := strings.Cut(auth, " ")
 	if !ok || !strings.EqualFold(scheme, "Basic") {
 		return identity{}, badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
@@ -82,11 +128,14 @@ func fromCredentials(auth string) (identity, error) {
 	if err := state.ValidateRunID(run); err != nil {
 		return identity{}, badCredentials{"proxy credentials user (the run id): " + err.Error()}
 	}
+	if runtoken.IsToken(pass) {
+		return tc.verify(pass, run, "credentials token")
+	}
 	v, err := parseVersion(pass)
 	if err != nil {
-		return identity{}, badCredentials{"proxy credentials password (the cancel version): " + err.Error()}
+		return identity{}, badCredentials{"proxy credentials password (the cancel version or a run token): " + err.Error()}
 	}
-	return identity{run: run, version: v, via: "credentials"}, nil
+	return tc.unsigned(identity{run: run, version: v, via: "credentials"})
 }
 
 func parseVersion(s string) (int64, error) {
@@ -102,7 +151,7 @@ func parseVersion(s string) (int64, error) {
 
 // stripIdentity removes what names the run from a request bound upstream.
 func stripIdentity(h http.Header) {
-	for _, k := range []string{HeaderRunID, HeaderRunVersion, "Proxy-Authorization", "Proxy-Connection"} {
+	for _, k := range []string{HeaderRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization", "Proxy-Connection"} {
 		h.Del(k)
 	}
 }

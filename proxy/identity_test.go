@@ -3,8 +3,11 @@ package proxy
 import (
 	"encoding/base64"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -25,7 +28,7 @@ func TestIdentifyPrecedence(t *testing.T) {
 		{"a bound listener's run over everything", http.Header{"X-Run-Id": {"h"}, "Proxy-Authorization": {basic("c:1")}}, &identity{run: "b", via: "bound listener", bound: true}, identity{run: "b", via: "bound listener", bound: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := identify(tc.header, tc.fallback)
+			got, err := identify(tc.header, tc.fallback, tokenCheck{})
 			if err != nil || got != tc.want {
 				t.Fatalf("got %+v %v, want %+v", got, err, tc.want)
 			}
@@ -53,7 +56,7 @@ func FuzzIdentify(f *testing.F) {
 		if auth != "" {
 			h.Set("Proxy-Authorization", auth)
 		}
-		id, err := identify(h, nil)
+		id, err := identify(h, nil, tokenCheck{})
 		if err != nil {
 			return
 		}
@@ -61,4 +64,53 @@ func FuzzIdentify(f *testing.F) {
 			t.Fatalf("identify accepted %+v: %v", id, verr)
 		}
 	})
+}
+
+func TestRunTokens(t *testing.T) {
+	signer, err := runtoken.New([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tok := signer.Sign("r1", 1, now.Add(time.Hour))
+	expired := signer.Sign("r1", 1, now.Add(-time.Second))
+	basic := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
+	optional := tokenCheck{signer: signer}
+	required := tokenCheck{signer: signer, require: true}
+	static := &identity{run: "static", via: "static"}
+	for _, tc := range []struct {
+		name     string
+		header   http.Header
+		fallback *identity
+		check    tokenCheck
+		want     identity
+		wantErr  string
+	}{
+		{"token as the proxy password", http.Header{"Proxy-Authorization": {basic("r1:" + tok)}}, nil, optional, identity{run: "r1", version: 1, via: "credentials token"}, ""},
+		{"token in X-Run-Token", http.Header{"X-Run-Token": {tok}}, nil, required, identity{run: "r1", version: 1, via: "token header"}, ""},
+		{"token with its own run id", http.Header{"X-Run-Id": {"r1"}, "X-Run-Token": {tok}}, nil, required, identity{run: "r1", version: 1, via: "token header"}, ""},
+		{"token for another run (credentials)", http.Header{"Proxy-Authorization": {basic("r2:" + tok)}}, nil, optional, identity{}, "the run token is for run r1, not r2"},
+		{"token for another run (headers)", http.Header{"X-Run-Id": {"r2"}, "X-Run-Token": {tok}}, nil, optional, identity{}, "the run token is for run r1, not r2"},
+		{"token and version together", http.Header{"X-Run-Token": {tok}, "X-Run-Version": {"1"}}, nil, optional, identity{}, "the token carries the version"},
+		{"expired token", http.Header{"Proxy-Authorization": {basic("r1:" + expired)}}, nil, optional, identity{}, "expired"},
+		{"forged token", http.Header{"Proxy-Authorization": {basic("r1:" + tok[:len(tok)-2] + "xx")}}, nil, optional, identity{}, "signature does not match"},
+		{"a token without a secret", http.Header{"Proxy-Authorization": {basic("r1:" + tok)}}, nil, tokenCheck{}, identity{}, "no run-token secret"},
+		{"required: a version is not enough", http.Header{"Proxy-Authorization": {basic("r1:1")}}, nil, required, identity{}, "a signed run token is required"},
+		{"required: headers without a token", http.Header{"X-Run-Id": {"r1"}}, nil, required, identity{}, "a signed run token is required"},
+		{"required: the static run still binds", http.Header{}, static, required, *static, ""},
+		{"optional: a version still works", http.Header{"Proxy-Authorization": {basic("r1:1")}}, nil, optional, identity{run: "r1", version: 1, via: "credentials"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := identify(tc.header, tc.fallback, tc.check)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %+v %v, want an error saying %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %+v %v, want %+v", got, err, tc.want)
+			}
+		})
+	}
 }

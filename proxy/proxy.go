@@ -33,6 +33,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -45,6 +46,10 @@ type Config struct {
 	StaticRun string
 	// AutoAdmit admits unseen runs on first sight (never a tombstone).
 	AutoAdmit bool
+	// Tokens verifies signed run tokens (proxy password or X-Run-Token);
+	// with RequireToken a client can name its run no other way.
+	Tokens       *runtoken.Signer
+	RequireToken bool
 	// PassThrough hosts are tunnelled unseen: one intent per tunnel.
 	PassThrough HostSet
 	// Delivery hosts may still be reached by a CANCELLING run.
@@ -77,6 +82,7 @@ type Proxy struct {
 	transport *http.Transport
 	flows     *flowSet
 	static    *identity
+	tokens    tokenCheck
 	stats     Stats
 }
 
@@ -111,7 +117,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.DialContext == nil {
 		cfg.DialContext = (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, flows: newFlowSet()}
+	if cfg.RequireToken && cfg.Tokens == nil {
+		return nil, errors.New("proxy: run tokens are required but no token secret is configured")
+	}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, flows: newFlowSet(), tokens: tokenCheck{signer: cfg.Tokens, require: cfg.RequireToken}}
 	if cfg.StaticRun != "" {
 		if err := state.ValidateRunID(cfg.StaticRun); err != nil {
 			return nil, fmt.Errorf("static run: %w", err)
@@ -274,7 +283,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	if id, ok := pctx.UserData.(identity); ok {
 		fallback = &id
 	}
-	id, err := identify(req.Header, fallback)
+	id, err := identify(req.Header, fallback, p.tokens)
 	if err != nil {
 		return req, p.identityError(req, err)
 	}

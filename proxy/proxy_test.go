@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -424,5 +425,41 @@ func TestListenerBoundToRunNamesEveryRequest(t *testing.T) {
 	}
 	if _, err := e.proxy.ForRun("bad run"); err == nil {
 		t.Fatal("a bad run id was bound")
+	}
+}
+
+func TestRequiredRunTokenIsTheOnlyWayToNameARun(t *testing.T) {
+	signer, err := runtoken.New([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOptions{tokens: signer, requireTok: true})
+	up := newUpstream(t, true, nil)
+	e.admit("tk")
+	token := signer.Sign("tk", 1, time.Now().Add(time.Hour))
+	u, _ := url.Parse(e.server.URL)
+	u.User = url.UserPassword("tk", token)
+	withToken := e.client("", 0)
+	withToken.Transport.(*http.Transport).Proxy = http.ProxyURL(u)
+
+	if resp, _ := do(t, withToken, "POST", up.URL+"/x", strings.NewReader("a"), nil); resp.StatusCode != 200 {
+		t.Fatalf("with the run's token: %d", resp.StatusCode)
+	}
+	// A bare version is refused at the CONNECT, before any tunnel opens.
+	if _, err := e.client("tk", 1).Post(up.URL+"/x", "text/plain", strings.NewReader("b")); err == nil || !strings.Contains(err.Error(), "Proxy Authentication Required") {
+		t.Fatalf("with a bare version: %v, want the CONNECT refused with 407", err)
+	}
+	plain := newUpstream(t, false, nil)
+	resp, body := do(t, e.client("tk", 1), "POST", plain.URL+"/x", strings.NewReader("b"), nil)
+	if r := decodeRefusal(t, body); resp.StatusCode != 407 || !strings.Contains(r.Message, "a signed run token is required") {
+		t.Fatalf("with a bare version over plain HTTP: %d %s", resp.StatusCode, body)
+	}
+	e.cancel("tk", time.Minute)
+	resp, body = do(t, withToken, "POST", up.URL+"/x", strings.NewReader("c"), nil)
+	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "run_not_active" || r.ObservedVersion != 1 {
+		t.Fatalf("the token after the cancel: %d %s", resp.StatusCode, body)
+	}
+	if up.hits.Load() != 1 || plain.hits.Load() != 0 {
+		t.Fatalf("upstreams saw %d and %d requests, want 1 and 0", up.hits.Load(), plain.hits.Load())
 	}
 }

@@ -29,7 +29,7 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 			})
 			return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 		}
-		id, err := identify(req.Header, p.boundRun(req))
+		id, err := identify(req.Header, p.boundRun(req), p.tokens)
 		switch {
 		case err == nil:
 			pctx.UserData = id
@@ -42,7 +42,7 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&p.cfg.CA.Cert)}, host
 	}
 
-	id, err := identify(req.Header, p.boundRun(req))
+	id, err := identify(req.Header, p.boundRun(req), p.tokens)
 	if err != nil {
 		pctx.Resp = p.identityError(req, err)
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
