@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -71,6 +72,8 @@ type Options struct {
 	// Browsers launches a guarded browser for a run (POST
 	// /v1/runs/{run}/browsers); nil answers 503 browser_unavailable.
 	Browsers BrowserLauncher
+	// Tokens signs run tokens at POST /v1/runs/{run}/tokens; nil answers 404.
+	Tokens *runtoken.Signer
 }
 
 // Handler serves the API. Create it with New.
@@ -79,6 +82,7 @@ type Handler struct {
 	caPEM        []byte
 	webhook      func(source string) ([]byte, bool)
 	browsers     BrowserLauncher
+	tokens       *runtoken.Signer
 	tokenSum     [sha256.Size]byte
 	hasToken     bool
 	drain        time.Duration
@@ -101,6 +105,7 @@ func New(opts Options) (*Handler, error) {
 		caPEM:        opts.CACertPEM,
 		webhook:      opts.WebhookSecret,
 		browsers:     opts.Browsers,
+		tokens:       opts.Tokens,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
@@ -155,6 +160,7 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
 		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", h.renewIntent},
+		{http.MethodPost, "/v1/runs/{run}/tokens", h.issueToken},
 		{http.MethodPost, resolvePath, h.resolve},
 		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
 	}

@@ -129,6 +129,8 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--max-body", "0"}, nil, "--max-body: 0: want a positive number of bytes"},
 		{[]string{"--max-body", "lots"}, nil, "-max-body"},
 		{[]string{"--spool-dir", "/nonexistent/spool"}, nil, "--spool-dir: /nonexistent/spool is not a directory"},
+		{[]string{"--run-token-secret", "short"}, nil, "--run-token-secret: is 5 bytes; want at least 32"},
+		{[]string{"--require-run-token"}, nil, "--require-run-token: needs --run-token-secret"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/browserguard"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -53,6 +54,10 @@ type serveConfig struct {
 	MaxBody int64
 	// SpoolDir holds large request bodies while they are digested.
 	SpoolDir string
+	// RunTokenSecret signs and verifies run tokens; empty: tokens are off.
+	RunTokenSecret string
+	// RequireRunToken makes a signed token the only way a client names its run.
+	RequireRunToken bool
 }
 
 // dbFile is the embedded store's file inside the data directory.
@@ -101,6 +106,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.SweepInterval}, "sweep-interval", "`duration` between ticks of live runs (lease expiry, drain deadlines)")
 	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
+	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "secret (32 bytes or more) that signs run tokens: POST /v1/runs/{run}/tokens issues them, the proxy accepts them as the password")
+	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token (needs --run-token-secret)")
 	return fs, cfg
 }
 
@@ -216,6 +223,12 @@ func (c *serveConfig) validate(source map[string]string) error {
 	}
 	if c.MaxBody <= 0 {
 		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
+	}
+	if c.RunTokenSecret != "" && len(c.RunTokenSecret) < runtoken.MinSecretLen {
+		return bad("run-token-secret", "is %d bytes; want at least %d", len(c.RunTokenSecret), runtoken.MinSecretLen)
+	}
+	if c.RequireRunToken && c.RunTokenSecret == "" {
+		return bad("require-run-token", "needs --run-token-secret (or STOPGATE_RUN_TOKEN_SECRET)")
 	}
 	if c.SpoolDir != "" {
 		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {

@@ -194,3 +194,32 @@ func TestDrainDeadlinePassesWithRequestInFlight(t *testing.T) {
 		t.Fatalf("intent %+v", in)
 	}
 }
+
+// TestRequiredRunTokenThroughTheBinary: with --require-run-token a worker
+// names its run only with the token stopgate issued; a bare version is 407.
+func TestRequiredRunTokenThroughTheBinary(t *testing.T) {
+	s := startServe(t, "--data-dir", t.TempDir(), "--run-token-secret", strings.Repeat("s", 32), "--require-run-token")
+	up, hits := upstreamCounter(t)
+	s.must(t, 0, "admit", "tk1")
+	token := strings.TrimSpace(s.must(t, 0, "token", "tk1", "--ttl", "1h"))
+	withToken := func() *exec.Cmd {
+		return exec.Command("curl", "-sS", "--noproxy", "", "-x", "http://tk1:"+token+"@"+s.proxyAddr(),
+			"-X", "POST", "-d", "amount=1", "-w", "\n%{http_code}", "--max-time", "20", up.URL+"/charge")
+	}
+	if code, body := curlOK(t, withToken()); code != "200" || body != "done" {
+		t.Fatalf("with the token: %s %s", code, body)
+	}
+	if code, body := curlOK(t, curl("tk1", 1, s.proxyAddr(), up.URL+"/charge")); code != "407" || !strings.Contains(body, "a signed run token is required") {
+		t.Fatalf("with a bare version: %s %s", code, body)
+	}
+	s.must(t, 0, "cancel", "tk1")
+	if code, body := curlOK(t, withToken()); code != "409" || !strings.Contains(body, `"recorded":"CANCELLED_BEFORE_DISPATCH"`) {
+		t.Fatalf("the token after the cancel: %s %s", code, body)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", hits.Load())
+	}
+	if msg := s.must(t, 1, "token", "tk1"); !strings.Contains(msg, "run_not_active") {
+		t.Fatalf("a token for the cancelled run: %q", msg)
+	}
+}

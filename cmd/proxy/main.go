@@ -128,6 +128,8 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.retry(ctx, args)
 	case "browser":
 		return c.browser(ctx, args)
+	case "token":
+		return c.runToken(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -161,7 +163,7 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "serve":
 		fs, _ := newServeFlags()
 		return fs
-	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser":
+	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token":
 		fs, _ := c.verbFlags(verb)
 		return fs
 	}
@@ -187,6 +189,7 @@ Usage:
   stopgate retry RUN STEP ATTEMPT --at TIME [--version N]
                                                schedule a retry; a cancel revokes it
   stopgate browser --run RUN [--version N]     start RUN's guarded headless browser in serve; print its ws:// URL
+  stopgate token RUN [--ttl D]                 print a signed run token: the proxy password RUN:TOKEN
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
@@ -220,6 +223,8 @@ func verbUsage(verb string) (string, bool) {
 		return "Usage: stopgate retry RUN STEP ATTEMPT --at TIME [--version N] [--json]\n\nSchedules attempt ATTEMPT of STEP of RUN for TIME (RFC 3339) through the guard\n(intent retry:STEP:ATTEMPT, SCHEDULED). A cancel of RUN revokes it until then.\n", true
 	case "browser":
 		return "Usage: stopgate browser --run RUN [--version N] [--json]\n\nAsks stopgate serve to start RUN's guarded headless Chromium (or finds the one it has) and\nprints the websocket URL to connect a CDP client to (chromedp, Playwright or Puppeteer\nconnectOverCDP) alone on the first line, then returns: the browser lives in stopgate serve\nuntil RUN is over (CANCELLED, COMPLETED or UNKNOWN) or serve stops. Every action the client\nsends is checked against cancel_version N and recorded; after a cancel it is refused.\n", true
+	case "token":
+		return "Usage: stopgate token RUN [--ttl D] [--json]\n\nPrints a signed run token for RUN at its current cancel_version, alone on one line, good for\nD (default 24h): the proxy password of RUN's worker (HTTPS_PROXY=http://RUN:TOKEN@host:port)\nor its X-Run-Token header. Needs serve's --run-token-secret; refused (exit 1) unless RUN is ACTIVE.\n", true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

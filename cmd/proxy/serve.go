@@ -22,6 +22,7 @@ import (
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 	"github.com/stopgate/stopgate/state/redisstore"
@@ -78,6 +79,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		CACertPEM:     comp.caPEM,
 		Metrics:       comp.metrics,
 		WebhookSecret: comp.webhookSecret,
+		Tokens:        comp.tokens,
 		Browsers:      comp.browsers,
 	})
 	if err != nil {
@@ -136,6 +138,7 @@ type components struct {
 	metrics       http.Handler
 	webhookSecret func(source string) ([]byte, bool)
 	browsers      control.BrowserLauncher
+	tokens        *runtoken.Signer
 	stop          func(context.Context) error
 }
 
@@ -158,12 +161,18 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 	if err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
+	var tokens *runtoken.Signer
+	if cfg.RunTokenSecret != "" {
+		if tokens, err = runtoken.New([]byte(cfg.RunTokenSecret)); err != nil {
+			return nil, usagef("serve", "--run-token-secret: %v", err)
+		}
+	}
 	owner := instanceName()
 	ledger := intents.NewLedger(store, intents.LedgerOptions{
 		Owner: owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
 	egress, err := proxy.New(proxy.Config{
-		Store: store, Ledger: ledger, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
+		Store: store, Ledger: ledger, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit, Tokens: tokens, RequireToken: cfg.RequireRunToken,
 		PassThrough: pass, Delivery: delivery, MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir,
 		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "proxy"),
 	})
@@ -241,6 +250,7 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		caPEM:         ca.PEM,
 		metrics:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		webhookSecret: pol.Secret,
+		tokens:        tokens,
 		browsers: func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
 			b, err := launcher.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
 			return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err

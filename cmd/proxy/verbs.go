@@ -40,6 +40,8 @@ type verbOpts struct {
 	at     string
 	// browser
 	run string
+	// token
+	ttl *time.Duration
 }
 
 func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
@@ -79,6 +81,18 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 		fs.BoolVar(&o.notApplied, "not-applied", false, "the effect did not happen")
 		fs.StringVar(&o.note, "note", "", "what you found, and where, for the audit log")
 		fs.StringVar(&o.source, "source", "", "where the answer came from (default operator)")
+	case "token":
+		fs.Func("ttl", "`duration` the token is good for, e.g. 24h or 86400 (default 24h)", func(s string) error {
+			d, err := control.ParseTTL(s)
+			if err != nil {
+				return err
+			}
+			if d <= 0 {
+				return fmt.Errorf("ttl %s is not positive", d)
+			}
+			o.ttl = &d
+			return nil
+		})
 	case "claim":
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version the worker observed (default: none, the run must be ACTIVE)")
 		fs.StringVar(&o.worker, "worker", "", "who holds the claim's lease (default: cli:$USER)")
@@ -511,5 +525,29 @@ func (c *cli) browser(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; it stops when the run is over. Every action is checked against cancel_version %d.\n",
 		safe(reply.Value.RunID), how, reply.Value.CancelVersion)
+	return nil
+}
+
+// runToken prints a signed run token alone on one line, so that
+// "RUN:$(stopgate token RUN)" is the worker's proxy password.
+func (c *cli) runToken(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("token", args, "RUN")
+	if err != nil {
+		return err
+	}
+	var req control.TokenRequest
+	if o.ttl != nil {
+		ttl := control.TTL(*o.ttl)
+		req.TTL = &ttl
+	}
+	reply, err := cl.Token(ctx, pos[0], req)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		c.printJSON(reply.Body)
+		return nil
+	}
+	fmt.Fprintln(c.stdout, reply.Value.Token)
 	return nil
 }

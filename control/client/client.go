@@ -160,6 +160,11 @@ func (c *Client) Claim(ctx context.Context, runID string, req control.ClaimReque
 	return call[control.GuardResponse](ctx, c, http.MethodPost, runPath(runID, "claims"), nil, req)
 }
 
+// Token asks for a signed run token (POST /v1/runs/RUN/tokens).
+func (c *Client) Token(ctx context.Context, runID string, req control.TokenRequest) (Reply[control.TokenResponse], error) {
+	return call[control.TokenResponse](ctx, c, http.MethodPost, runPath(runID, "tokens"), nil, req)
+}
+
 // Retry schedules one attempt of a step (POST /v1/runs/RUN/retries); a
 // cancel revokes it while it waits.
 func (c *Client) Retry(ctx context.Context, runID string, req control.RetryRequest) (Reply[control.GuardResponse], error) {
