@@ -53,6 +53,30 @@ func intentKey(r *http.Request) (string, error) {
 	return key, nil
 }
 
+// intentPath reads the run and the intent key of an /intents/{key} path.
+func intentPath(r *http.Request) (run, key string, err error) {
+	if run, err = runID(r); err != nil {
+		return "", "", err
+	}
+	if key, err = intentKey(r); err != nil {
+		return "", "", err
+	}
+	return run, key, nil
+}
+
+// leaseOf is who holds a lease (the named worker, else the actor) and for
+// how long.
+func leaseOf(worker string, ttl *TTL, actor string) (string, time.Duration, error) {
+	if err := checkText("worker", worker); err != nil {
+		return "", 0, err
+	}
+	d, err := leaseTTL(ttl)
+	if err != nil {
+		return "", 0, err
+	}
+	return cmp.Or(worker, actor), d, nil
+}
+
 func checkStepID(step string) error {
 	if step == "" {
 		return fmt.Errorf("%w: step_id is required", state.ErrInvalid)
@@ -107,16 +131,13 @@ func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
 	if err := checkStepID(body.StepID); err != nil {
 		return 0, nil, err
 	}
-	if err := checkText("worker", body.Worker); err != nil {
-		return 0, nil, err
-	}
-	ttl, err := leaseTTL(body.LeaseTTL)
+	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
 	return h.guard(r, state.GuardRequest{
 		RunID: id, ObservedVersion: body.CancelVersion, Key: claimPrefix + body.StepID, ExplicitKey: true,
-		Boundary: state.BoundaryClaim, LeaseOwner: cmp.Or(body.Worker, actor), LeaseTTL: ttl, Actor: actor,
+		Boundary: state.BoundaryClaim, LeaseOwner: owner, LeaseTTL: ttl, Actor: actor,
 	})
 }
 
@@ -175,16 +196,13 @@ func (h *Handler) dispatchRetry(r *http.Request, actor string) (int, any, error)
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	if err := checkText("worker", body.Worker); err != nil {
-		return 0, nil, err
-	}
-	ttl, err := leaseTTL(body.LeaseTTL)
+	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
 	return h.guard(r, state.GuardRequest{
 		RunID: id, ObservedVersion: body.CancelVersion, Key: retryPrefix + step + ":" + strconv.Itoa(attempt),
-		ExplicitKey: true, Boundary: state.BoundaryRetry, LeaseOwner: cmp.Or(body.Worker, actor), LeaseTTL: ttl, Actor: actor,
+		ExplicitKey: true, Boundary: state.BoundaryRetry, LeaseOwner: owner, LeaseTTL: ttl, Actor: actor,
 	})
 }
 
@@ -297,11 +315,7 @@ func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
 // lease that is no longer the worker's (expired into UNKNOWN, finished, or
 // another worker's) is a 409: the worker must stop and not report success.
 func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
-	if err != nil {
-		return 0, nil, err
-	}
-	key, err := intentKey(r)
+	id, key, err := intentPath(r)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -309,14 +323,10 @@ func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	if err := checkText("worker", body.Worker); err != nil {
-		return 0, nil, err
-	}
-	ttl, err := leaseTTL(body.LeaseTTL)
+	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
-	owner := cmp.Or(body.Worker, actor)
 	if err := h.store.Renew(r.Context(), owner, ttl, []state.IntentRef{{RunID: id, Key: key}}); err != nil {
 		return 0, nil, fmt.Errorf("renew the lease of intent %s of run %s: %w", key, id, err)
 	}
@@ -337,11 +347,7 @@ func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
 }
 
 func (h *Handler) getIntent(r *http.Request, _ string) (int, any, error) {
-	id, err := runID(r)
-	if err != nil {
-		return 0, nil, err
-	}
-	key, err := intentKey(r)
+	id, key, err := intentPath(r)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -354,11 +360,7 @@ func (h *Handler) getIntent(r *http.Request, _ string) (int, any, error) {
 
 // finishIntent records what happened to an IN_FLIGHT effect.
 func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
-	if err != nil {
-		return 0, nil, err
-	}
-	key, err := intentKey(r)
+	id, key, err := intentPath(r)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -50,11 +50,7 @@ func (h *Handler) signedWebhook(r *http.Request) bool {
 
 // resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED.
 func (h *Handler) resolve(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
-	if err != nil {
-		return 0, nil, err
-	}
-	key, err := intentKey(r)
+	id, key, err := intentPath(r)
 	if err != nil {
 		return 0, nil, err
 	}
