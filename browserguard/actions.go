@@ -106,7 +106,7 @@ func effectOf(c command) (recorded, keyTarget, digest string) {
 		// not be told apart from the rest.
 		if u, err := url.Parse(raw); err == nil {
 			u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-			recorded = truncate(u.String(), state.MaxTargetLen)
+			recorded = state.Clip(u.String(), state.MaxTargetLen)
 		}
 	}
 	if len(c.Params) > 0 {

@@ -9,6 +9,8 @@ import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/stopgate/stopgate/state"
 )
 
 // CDP error codes the guard answers with. They are JSON-RPC's, as
@@ -112,7 +114,7 @@ func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error)
 func readID(raw json.RawMessage) (int64, error) {
 	id, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil || id < math.MinInt32 || id > math.MaxInt32 {
-		return 0, badFrame("id %s is not a 32-bit integer", truncate(string(raw), 32))
+		return 0, badFrame("id %s is not a 32-bit integer", state.Clip(string(raw), 32))
 	}
 	return id, nil
 }
@@ -201,7 +203,7 @@ func parseReply(data []byte) reply {
 		if json.Unmarshal(raw, &e) == nil && (e.Code != 0 || e.Message != "") {
 			r.Err = fmt.Sprintf("browser answered error %d: %s", e.Code, e.Message)
 		} else {
-			r.Err = "browser answered an error: " + truncate(string(raw), 256)
+			r.Err = "browser answered an error: " + state.Clip(string(raw), 256)
 		}
 	}
 	return r
@@ -233,15 +235,4 @@ func errorFrame(c command, code int, message, data string) []byte {
 		return []byte(`{"error":{"code":-32603,"message":"stopgate: encoding an error answer failed"}}`)
 	}
 	return b
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Cut on a rune boundary so the text stays valid UTF-8.
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

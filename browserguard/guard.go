@@ -36,6 +36,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -55,14 +57,15 @@ const (
 	maxBrowserJSON = 4 << 20
 )
 
-// RefusalHeader names why the guard answered an HTTP request itself, as
-// the egress proxy's X-Stopgate-Refusal does.
-const RefusalHeader = "X-Stopgate-Refusal"
-
 // Config wires a Guard.
 type Config struct {
+	// Store is read when a client connects: a run that is over gets
+	// nothing to connect to.
 	Store  state.Store
 	Ledger *intents.Ledger
+	// Watcher carries the rows of runs with open connections to the
+	// guard, which closes them once the run is over.
+	Watcher *runwatch.Watcher
 	// Browsers finds the DevTools address (host:port) of the browser that
 	// serves a run: Launcher.DevTools.
 	Browsers func(run string) (addr string, ok bool)
@@ -71,10 +74,7 @@ type Config struct {
 	// MaxMessage bounds a client frame (DefaultMaxMessage when zero);
 	// larger ones get a CDP error and are never forwarded.
 	MaxMessage int64
-	// RecheckInterval is how often the rows of runs with open connections
-	// are read again.
-	RecheckInterval time.Duration
-	// StoreTimeout bounds each store call outside the ledger.
+	// StoreTimeout bounds the read at connect (state.DefaultTimeout when zero).
 	StoreTimeout time.Duration
 	Logger       *slog.Logger
 }
@@ -96,17 +96,14 @@ type Guard struct {
 
 // New builds a guard from cfg.
 func New(cfg Config) (*Guard, error) {
-	if cfg.Store == nil || cfg.Ledger == nil || cfg.Browsers == nil {
-		return nil, errors.New("browserguard: a store, a ledger and a browser lookup are required")
+	if cfg.Store == nil || cfg.Ledger == nil || cfg.Watcher == nil || cfg.Browsers == nil {
+		return nil, errors.New("browserguard: a store, a ledger, a run watcher and a browser lookup are required")
 	}
 	if cfg.MaxMessage <= 0 {
 		cfg.MaxMessage = DefaultMaxMessage
 	}
-	if cfg.RecheckInterval <= 0 {
-		cfg.RecheckInterval = 2 * time.Second
-	}
 	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = 2 * time.Second
+		cfg.StoreTimeout = state.DefaultTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -126,11 +123,12 @@ func New(cfg Config) (*Guard, error) {
 	g.mux.HandleFunc(prefix+"/devtools/browser/{id}", g.serveCDP("browser"))
 	g.mux.HandleFunc(prefix+"/devtools/page/{id}", g.serveCDP("page"))
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf(
+		refusal.New(refusal.NotFound,
 			"no endpoint %s %s: this is stopgate's browser guard; connect to ws://HOST/run/RUN/VERSION/devtools/browser/ID "+
 				"(stopgate browser --run RUN prints it) or GET /run/RUN/VERSION/json/version; /json/new is not served, "+
-				"open pages with Target.createTarget, which is guarded", r.Method, r.URL.Path))
+				"open pages with Target.createTarget, which is guarded", r.Method, r.URL.Path).WriteHTTP(w)
 	})
+	cfg.Watcher.Add(g)
 	return g, nil
 }
 
@@ -139,8 +137,7 @@ func New(cfg Config) (*Guard, error) {
 // to 127.0.0.1 must not drive the browser through the guard.
 func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !localHost(r.Host) {
-		writeError(w, http.StatusForbidden, "host_not_allowed", fmt.Sprintf(
-			"Host %q: the browser guard answers only to an IP address or localhost", r.Host))
+		refusal.New(refusal.HostNotAllowed, "Host %q: the browser guard answers only to an IP address or localhost", r.Host).WriteHTTP(w)
 		return
 	}
 	g.mux.ServeHTTP(w, r)
@@ -178,13 +175,13 @@ func guardedPrefix(run string, version int64) string {
 func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (run string, version int64, addr string, ok bool) {
 	run, version, err := runOf(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad_run_identity", err.Error())
+		refusal.Wrap(err, refusal.BadRunIdentity, "%v", err).WriteHTTP(w)
 		return "", 0, "", false
 	}
 	addr, ok = g.cfg.Browsers(run)
 	if !ok {
-		writeError(w, http.StatusNotFound, "no_browser", fmt.Sprintf(
-			"no browser is running for run %s: start one with stopgate browser --run %s (POST /v1/runs/%s/browsers)", run, run, run))
+		refusal.New(refusal.NoBrowser, "no browser is running for run %s: start one with stopgate browser --run %s (POST /v1/runs/%s/browsers)",
+			run, run, run).WriteHTTP(w)
 		return "", 0, "", false
 	}
 	return run, version, addr, true
@@ -200,7 +197,7 @@ func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
 	}
 	var doc map[string]any
 	if err := g.browserJSON(r.Context(), addr, "/json/version", &doc); err != nil {
-		writeError(w, http.StatusBadGateway, "browser_unreachable", err.Error())
+		refusal.Wrap(err, refusal.BrowserUnreachable, "%v", err).WriteHTTP(w)
 		return
 	}
 	rewriteWS(doc, r.Host, guardedPrefix(run, version))
@@ -217,7 +214,7 @@ func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
 	}
 	var list []map[string]any
 	if err := g.browserJSON(r.Context(), addr, "/json/list", &list); err != nil {
-		writeError(w, http.StatusBadGateway, "browser_unreachable", err.Error())
+		refusal.Wrap(err, refusal.BrowserUnreachable, "%v", err).WriteHTTP(w)
 		return
 	}
 	for _, t := range list {
@@ -284,12 +281,12 @@ func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 		switch {
 		case errors.Is(err, state.ErrNotFound):
 		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, "store_unavailable",
-				"the run state store did not answer; not connecting (fail closed): "+err.Error())
+			refusal.FromError(err).WriteHTTP(w)
 			return
-		case over(row):
-			writeError(w, http.StatusConflict, state.RefusalRunNotActive, fmt.Sprintf(
-				"run %s is %s at cancel_version %d: its browser connections are closed", run, row.Status, row.CancelVersion))
+		case row.Over():
+			rf := refusal.New(refusal.RunNotActive, "run %s is %s at cancel_version %d: its browser connections are closed", run, row.Status, row.CancelVersion)
+			rf.RunID, rf.Run, rf.ObservedVersion = run, &row, version
+			rf.WriteHTTP(w)
 			return
 		}
 
@@ -298,7 +295,7 @@ func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 		browser, _, err := websocket.Dial(dctx, target, &websocket.DialOptions{HTTPClient: g.hc})
 		cancel()
 		if err != nil {
-			writeError(w, http.StatusBadGateway, "browser_unreachable", fmt.Sprintf("browser DevTools at %s: %v", target, err))
+			refusal.Wrap(err, refusal.BrowserUnreachable, "browser DevTools at %s: %v", target, err).WriteHTTP(w)
 			return
 		}
 		browser.SetReadLimit(maxBrowserMessage)
@@ -350,7 +347,16 @@ func (g *Guard) remove(s *session) {
 	g.open.Done()
 }
 
-func (g *Guard) runs() []string {
+// Holds reports whether run has CDP connections open: the guard is a
+// runwatch.Holder.
+func (g *Guard) Holds(run string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions[run]) > 0
+}
+
+// Runs lists the runs with CDP connections open.
+func (g *Guard) Runs() []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ids := make([]string, 0, len(g.sessions))
@@ -381,19 +387,11 @@ func (g *Guard) Connections() int {
 	return n
 }
 
-// Run carries the rows of runs with open connections to them until ctx
-// ends: a run that is over has its connections closed. While a run is
+// Enforce closes the connections of a run that is over. While a run is
 // CANCELLING its connections stay open, for reads; its actions are refused
 // by the guard one by one.
-func (g *Guard) Run(ctx context.Context) {
-	watcher{
-		store: g.cfg.Store, interval: g.cfg.RecheckInterval, timeout: g.cfg.StoreTimeout, log: g.log,
-		held: g.runs, enforce: g.enforce,
-	}.run(ctx)
-}
-
-func (g *Guard) enforce(row state.Run) {
-	if !over(row) {
+func (g *Guard) Enforce(row state.Run) {
+	if !row.Over() {
 		return
 	}
 	for _, s := range g.of(row.ID) {
@@ -425,11 +423,6 @@ func (g *Guard) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("browser guard: %d CDP connections still closing: %w", g.Connections(), ctx.Err())
 	}
-}
-
-func writeError(w http.ResponseWriter, status int, code, message string) {
-	w.Header().Set(RefusalHeader, code)
-	writeJSON(w, status, map[string]string{"error": code, "message": message})
 }
 
 func writeJSON(w http.ResponseWriter, status int, body any) {

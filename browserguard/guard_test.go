@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/redisstore"
 )
@@ -24,7 +25,7 @@ import (
 // the site. Once the run is CANCELLED its connection closes and its
 // browser is stopped.
 func TestChromedpThroughTheGuard(t *testing.T) {
-	store := newFileStore(t)
+	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	up := newUpstream(t)
 	ws := e.launch(t, "r1")
@@ -89,7 +90,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r1", Actor: "test", Reason: "operator stop", DrainTimeout: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	const state2 = "run r1 is CANCELLING at cancel_version 2 (observed 1): "
+	const state2 = "run_not_active: run r1 is CANCELLING at cancel_version 2 (the request observed 1): nothing was sent; recorded CANCELLED_BEFORE_DISPATCH"
 	for _, tc := range []struct {
 		method string
 		do     func() error
@@ -102,7 +103,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 		}},
 	} {
 		err := tc.do()
-		want := state2 + tc.method + " refused, recorded CANCELLED_BEFORE_DISPATCH"
+		want := "stopgate refused " + tc.method + ": " + state2
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s after the cancel: %v, want a CDP error saying %q", tc.method, err, want)
 		}
@@ -129,12 +130,12 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 	// and then its connection closes and its browser goes.
 	// (The browser's own background requests may hold a tunnel open for a
 	// moment; the egress proxy cuts it.)
-	eventually(t, 5*time.Second, "the sweeper's tick makes r1 CANCELLED", func() bool {
-		row, err := store.Tick(context.Background(), "r1", "test")
+	testkit.Eventually(t, 5*time.Second, "the sweeper's tick makes r1 CANCELLED", func() bool {
+		row, err := store.Tick(context.Background(), state.TickRequest{RunID: "r1", Actor: "test"})
 		return err == nil && row.Status == state.StatusCancelled
 	})
-	eventually(t, 5*time.Second, "the CDP connection of the CANCELLED run closes", func() bool { return e.guard.Connections() == 0 })
-	eventually(t, 10*time.Second, "the browser of the CANCELLED run stops", func() bool { _, ok := e.launcher.DevTools("r1"); return !ok })
+	testkit.Eventually(t, 5*time.Second, "the CDP connection of the CANCELLED run closes", func() bool { return e.guard.Connections() == 0 })
+	testkit.Eventually(t, 10*time.Second, "the browser of the CANCELLED run stops", func() bool { _, ok := e.launcher.DevTools("r1"); return !ok })
 	if _, _, err := websocket.Dial(testCtx(t), ws, nil); err == nil {
 		t.Fatal("a new CDP connection for the CANCELLED run was accepted")
 	}
@@ -144,7 +145,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 // cannot read as the browser would is answered with a CDP error, never
 // forwarded, and the connection goes on working.
 func TestBadFramesGetCDPErrors(t *testing.T) {
-	store := newFileStore(t)
+	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	c := dialCDP(t, e.launch(t, "r2"))
 
@@ -196,12 +197,12 @@ func TestBadFramesGetCDPErrors(t *testing.T) {
 // CDP error and nothing reaches the site; reads go on.
 func TestStoreDownFailsClosed(t *testing.T) {
 	t.Run("Embedded", func(t *testing.T) {
-		store := newFileStore(t)
+		store := testkit.FileStore(t)
 		storeDown(t, store, func() { _ = store.Close() })
 	})
 	t.Run("Redis", func(t *testing.T) {
 		srv := redisserver.Start(t, redisserver.Options{})
-		store, err := redisstore.Open(testCtx(t), srv.URL(), redisstore.Options{OpTimeout: 500 * time.Millisecond, Logger: testLogger()})
+		store, err := redisstore.Open(testCtx(t), srv.URL(), redisstore.Options{OpTimeout: 500 * time.Millisecond, Logger: testkit.Logger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +219,7 @@ func storeDown(t *testing.T, store state.Store, down func()) {
 	if a := c.call(page, "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
 		t.Fatalf("navigate with the store up: %+v", a.Error)
 	}
-	eventually(t, 5*time.Second, "the first page load reaches the site", func() bool { return up.hits.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "the first page load reaches the site", func() bool { return up.hits.Load() == 1 })
 
 	down()
 	for _, cmd := range []struct {
@@ -231,7 +232,8 @@ func storeDown(t *testing.T, store state.Store, down func()) {
 	} {
 		a := c.call(page, cmd.method, cmd.params)
 		if a.Error == nil || a.Error.Code != -32000 || !strings.Contains(a.Error.Message, "store did not answer") ||
-			!strings.Contains(a.Error.Message, cmd.method+" of run r3 was not forwarded (fail closed)") {
+			!strings.HasPrefix(a.Error.Message, "stopgate refused "+cmd.method+": store_unavailable:") ||
+			!strings.Contains(a.Error.Message, "nothing was done (fail closed)") || !strings.Contains(a.Error.Message, "run r3") {
 			t.Errorf("%s with the store down: %+v %s, want a CDP error saying the store did not answer", cmd.method, a.Error, a.Result)
 		}
 	}
@@ -248,7 +250,7 @@ func storeDown(t *testing.T, store state.Store, down func()) {
 // rebinding), cross-origin websockets (a web page), bad paths and runs
 // without a browser are answered at the door.
 func TestGuardRefusesWhatIsNotACDPClient(t *testing.T) {
-	store := newFileStore(t)
+	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	ws := e.launch(t, "r4")
 	base := "http://" + e.guardHost
@@ -302,7 +304,7 @@ func (r *rawCDP) sendEvaluate(session, expression string) int64 {
 func inFlight(t *testing.T, s state.Store, run, method string) state.Intent {
 	t.Helper()
 	var got state.Intent
-	eventually(t, 5*time.Second, method+" is IN_FLIGHT", func() bool {
+	testkit.Eventually(t, 5*time.Second, method+" is IN_FLIGHT", func() bool {
 		for _, in := range intentsOf(t, s, run, state.BoundaryBrowser, method) {
 			if in.State == state.IntentInFlight {
 				got = in
@@ -320,7 +322,7 @@ func inFlight(t *testing.T, s state.Store, run, method string) state.Intent {
 // drain deadline passes, is recorded UNKNOWN, and nothing new reaches the
 // site either way.
 func TestActionInFlight(t *testing.T) {
-	store := newFileStore(t)
+	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	up := newUpstream(t)
 
@@ -330,13 +332,13 @@ func TestActionInFlight(t *testing.T) {
 		if a := c.call(page, "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
 			t.Fatalf("navigate: %+v", a.Error)
 		}
-		eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
+		testkit.Eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
 		// The script waits on a request the site holds; the cancel cuts it
 		// (a GET is cut at once), and what the script sends next is new
 		// work of a cancelled run.
 		id := c.sendEvaluate(page, `fetch("/gate").catch(() => 0).then(() => fetch("/late")).then(x => x.status, () => -1)`)
 		in := inFlight(t, store, "r5", "Runtime.evaluate")
-		eventually(t, 5*time.Second, "the script's first request is held at the site", func() bool { return up.hits.Load() == 2 })
+		testkit.Eventually(t, 5*time.Second, "the script's first request is held at the site", func() bool { return up.hits.Load() == 2 })
 		// The cut GET is UNKNOWN (bytes were sent): once the evaluate is
 		// answered the run would be UNKNOWN and its connection closed,
 		// racing the answer we read. A claim in flight keeps it draining.
@@ -369,7 +371,7 @@ func TestActionInFlight(t *testing.T) {
 		c.sendEvaluate(page, `new Promise(() => {})`)
 		in := inFlight(t, store, "r6", "Runtime.evaluate")
 		_ = c.conn.CloseNow()
-		eventually(t, 5*time.Second, "the unanswered action is UNKNOWN", func() bool {
+		testkit.Eventually(t, 5*time.Second, "the unanswered action is UNKNOWN", func() bool {
 			got, _ := store.Intent(context.Background(), "r6", in.Key)
 			return got.State == state.IntentUnknown && strings.Contains(got.Reason, "closed before the browser answered")
 		})
@@ -384,7 +386,7 @@ func TestActionInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(150 * time.Millisecond)
-		row, err := store.Tick(context.Background(), "r7", "test")
+		row, err := store.Tick(context.Background(), state.TickRequest{RunID: "r7", Actor: "test"})
 		if err != nil || row.Status != state.StatusUnknown || row.StatusReason != "drain_timeout" {
 			t.Fatalf("tick past the drain deadline: %v %s (%s)", err, row.Status, row.StatusReason)
 		}
@@ -402,14 +404,14 @@ func TestActionInFlight(t *testing.T) {
 				break
 			}
 		}
-		eventually(t, 10*time.Second, "the browser of the UNKNOWN run stops", func() bool { _, ok := e.launcher.DevTools("r7"); return !ok })
+		testkit.Eventually(t, 10*time.Second, "the browser of the UNKNOWN run stops", func() bool { _, ok := e.launcher.DevTools("r7"); return !ok })
 	})
 }
 
 // TestPageEndpointIsGuarded: clients that find a page in /json/list and
 // connect to its own endpoint are guarded the same way.
 func TestPageEndpointIsGuarded(t *testing.T) {
-	store := newFileStore(t)
+	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	up := newUpstream(t)
 	e.launch(t, "r8")
@@ -439,7 +441,7 @@ func TestPageEndpointIsGuarded(t *testing.T) {
 	if a := c.call("", "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
 		t.Fatalf("navigate on the page endpoint: %+v", a.Error)
 	}
-	eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "the page load reaches the site", func() bool { return up.hits.Load() == 1 })
 	holdCancelling(t, store, "r8")
 	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "r8", Actor: "test", DrainTimeout: time.Minute}); err != nil {
 		t.Fatal(err)

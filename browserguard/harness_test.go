@@ -5,13 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,39 +16,16 @@ import (
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/state/filestore"
 )
 
-// chromiumPath finds the browser the tests drive for real. Its absence
-// fails the tests: a browser guard tested without a browser proves nothing.
-func chromiumPath(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv("STOPGATE_CHROMIUM"); p != "" {
-		return p
-	}
-	if _, err := os.Stat(browserguard.DefaultChromium); err == nil {
-		return browserguard.DefaultChromium
-	}
-	if p, err := exec.LookPath("chromium"); err == nil {
-		return p
-	}
-	t.Fatalf("chromium is not installed (looked for $STOPGATE_CHROMIUM, %s, chromium on PATH): "+
-		"run scripts/test-deps, or apt-get install chromium, or set STOPGATE_CHROMIUM", browserguard.DefaultChromium)
-	return ""
-}
-
-func testLogger() *slog.Logger {
-	if os.Getenv("STOPGATE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
-// upstream is a site on loopback that counts the page loads reaching it.
+// upstream is a site on loopback; hits counts the page loads reaching it
+// (a favicon is not a page load).
 type upstream struct {
-	*httptest.Server
+	*testkit.Upstream
 	hits atomic.Int64
 }
 
@@ -65,7 +37,7 @@ const pageHTML = `<!doctype html><html><head><title>guarded page</title><link re
 func newUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	u.Upstream = testkit.NewUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/favicon.ico" {
 			http.NotFound(w, r)
 			return
@@ -79,19 +51,8 @@ func newUpstream(t testing.TB) *upstream {
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		io.WriteString(w, pageHTML)
-	}))
-	t.Cleanup(u.Close)
+	})
 	return u
-}
-
-func newFileStore(t testing.TB) state.Store {
-	t.Helper()
-	s, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
 }
 
 // env is a store, the egress proxy, the launcher and the browser guard on
@@ -107,11 +68,10 @@ type env struct {
 
 func newEnv(t *testing.T, store state.Store) *env {
 	t.Helper()
-	log := testLogger()
+	log := testkit.Logger()
 	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: time.Second, Logger: log})
-	egress, err := proxy.New(proxy.Config{
-		Store: store, Ledger: ledger, AutoAdmit: true, RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
-	})
+	watcher := runwatch.New(store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log})
+	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, AutoAdmit: true, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,15 +80,15 @@ func newEnv(t *testing.T, store state.Store) *env {
 		t.Fatal(err)
 	}
 	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
-		Chromium: chromiumPath(t), Store: store, Ledger: ledger, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
-		AutoAdmit: true, TempDir: t.TempDir(), RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+		Chromium: testkit.Chromium(t), Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
+		AutoAdmit: true, TempDir: t.TempDir(), Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	guard, err := browserguard.New(browserguard.Config{
-		Store: store, Ledger: ledger, Browsers: launcher.DevTools, AutoAdmit: true,
-		RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: true,
+		StoreTimeout: time.Second, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +96,7 @@ func newEnv(t *testing.T, store state.Store) *env {
 	srv := &http.Server{Handler: guard, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	ctx, cancel := context.WithCancel(context.Background())
-	for _, loop := range []func(context.Context){egress.Run, ledger.Run, guard.Run, launcher.Run} {
+	for _, loop := range []func(context.Context){watcher.Run, ledger.Run} {
 		go loop(ctx)
 	}
 	t.Cleanup(func() {
@@ -197,18 +157,6 @@ func describe(ins []state.Intent) string {
 		fmt.Fprintf(&b, "\n  %s %s %s %s %q", in.Key, in.Method, in.Target, in.State, in.Reason)
 	}
 	return b.String()
-}
-
-// eventually polls cond every 20ms for at most d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // rawCDP is a CDP client that speaks frames directly, for what no real

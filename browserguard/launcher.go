@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -43,8 +44,10 @@ const (
 type LauncherConfig struct {
 	// Chromium is the browser's binary (DefaultChromium when empty).
 	Chromium string
-	Store    state.Store
 	Ledger   *intents.Ledger
+	// Watcher carries the rows of runs with a browser to the launcher,
+	// which stops the browser once the run is over.
+	Watcher *runwatch.Watcher
 	// Egress returns the egress proxy bound to a run: (*proxy.Proxy).ForRun.
 	Egress func(run string) (http.Handler, error)
 	// GuardAddr is the address the Guard listens on (host:port), for the
@@ -56,10 +59,7 @@ type LauncherConfig struct {
 	TempDir string
 	// StartTimeout bounds a browser's start until its DevTools endpoint is up.
 	StartTimeout time.Duration
-	// RecheckInterval is how often the rows of runs with a browser are read.
-	RecheckInterval time.Duration
-	StoreTimeout    time.Duration
-	Logger          *slog.Logger
+	Logger       *slog.Logger
 }
 
 // Launcher starts one guarded headless Chromium per run and stops it when
@@ -92,23 +92,18 @@ type browser struct {
 	stopOnce sync.Once
 }
 
-// NewLauncher checks cfg and returns a launcher; call Run to stop the
-// browsers of runs that are over.
+// NewLauncher checks cfg, removes the profiles that browsers of a stopgate
+// killed with -9 left behind, and returns a launcher registered with the
+// watcher, which has it stop the browsers of runs that are over.
 func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
-	if cfg.Store == nil || cfg.Ledger == nil || cfg.Egress == nil {
-		return nil, errors.New("browser launcher: a store, a ledger and the egress proxy are required")
+	if cfg.Ledger == nil || cfg.Watcher == nil || cfg.Egress == nil {
+		return nil, errors.New("browser launcher: a ledger, a run watcher and the egress proxy are required")
 	}
 	if cfg.Chromium == "" {
 		cfg.Chromium = DefaultChromium
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = defaultStartTimeout
-	}
-	if cfg.RecheckInterval <= 0 {
-		cfg.RecheckInterval = 2 * time.Second
-	}
-	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -120,7 +115,10 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	return &Launcher{cfg: cfg, log: cfg.Logger, guardHost: net.JoinHostPort(host, port), browsers: map[string]*browser{}}, nil
+	l := &Launcher{cfg: cfg, log: cfg.Logger, guardHost: net.JoinHostPort(host, port), browsers: map[string]*browser{}}
+	l.removeStaleProfiles()
+	cfg.Watcher.Add(l)
+	return l, nil
 }
 
 // Launched is the answer to a launch.
@@ -190,7 +188,7 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 }
 
 func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.IntentState, reason string) {
-	if _, err := l.cfg.Ledger.Finish(ctx, in, outcome, 0, truncate(reason, state.MaxTextLen)); err != nil {
+	if _, err := l.cfg.Ledger.Finish(ctx, in, outcome, 0, state.Clip(reason, state.MaxTextLen)); err != nil {
 		l.log.Warn("launch outcome not recorded; its lease expires into UNKNOWN", "run", in.RunID, "intent", in.Key, "outcome", outcome, "err", err)
 	}
 }
@@ -391,7 +389,16 @@ func removeAll(dir string) error {
 	return err
 }
 
-func (l *Launcher) runs() []string {
+// Holds reports whether run has a browser: the launcher is a
+// runwatch.Holder.
+func (l *Launcher) Holds(run string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.browsers[run] != nil
+}
+
+// Runs lists the runs with a browser.
+func (l *Launcher) Runs() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ids := make([]string, 0, len(l.browsers))
@@ -401,26 +408,16 @@ func (l *Launcher) runs() []string {
 	return ids
 }
 
-// Run stops the browsers of runs that are over, until ctx ends. It first
-// removes the profiles that browsers of a stopgate killed with -9 left
-// behind.
-func (l *Launcher) Run(ctx context.Context) {
-	l.removeStaleProfiles()
-	watcher{
-		store: l.cfg.Store, interval: l.cfg.RecheckInterval, timeout: l.cfg.StoreTimeout, log: l.log,
-		held: l.runs, enforce: l.enforce,
-	}.run(ctx)
-}
-
-func (l *Launcher) enforce(row state.Run) {
-	if !over(row) {
+// Enforce stops the browser of a run that is over.
+func (l *Launcher) Enforce(row state.Run) {
+	if !row.Over() {
 		return
 	}
 	l.mu.Lock()
 	b := l.browsers[row.ID]
 	l.mu.Unlock()
 	if b != nil {
-		// Not in the watcher's loop: a browser may take stopGrace to go.
+		// Not in the watcher's goroutine: a browser may take stopGrace to go.
 		go l.stop(b, fmt.Sprintf("run is %s", row.Status))
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/coder/websocket"
 
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -73,7 +73,7 @@ func (s *session) end(code websocket.StatusCode, reason string) {
 	s.once.Do(func() {
 		s.ended.Store(true)
 		// A close reason is at most 123 bytes on the wire.
-		reason = truncate(reason, 123)
+		reason = state.Clip(reason, 123)
 		go func() {
 			_ = s.client.Close(code, reason)
 			s.stop()
@@ -149,27 +149,20 @@ func (s *session) handle(data []byte) {
 	}
 
 	recorded, keyTarget, digest := effectOf(c)
-	// The guard's answer is learned even if the client goes meanwhile: an
-	// admission nobody heard of would sit IN_FLIGHT until its lease expires.
-	res, err := s.g.cfg.Ledger.Begin(context.WithoutCancel(s.ctx), state.GuardRequest{
+	greq := state.GuardRequest{
 		RunID: s.run, ObservedVersion: s.version, Key: intents.DerivedKey(s.run, c.Method, keyTarget, digest),
 		Boundary: state.BoundaryBrowser, Method: c.Method, Target: recorded, BodyDigest: digest, AutoAdmit: s.g.cfg.AutoAdmit,
-	})
-	if err != nil {
-		msg := fmt.Sprintf("stopgate: the run state store did not answer: %s of run %s was not forwarded (fail closed): %v", c.Method, s.run, err)
-		if errors.Is(err, state.ErrInvalid) {
-			msg = fmt.Sprintf("stopgate: %s of run %s cannot be guarded: %v; nothing was forwarded", c.Method, s.run, err)
-		} else {
-			s.log.Warn("guard failed: refusing the action (fail closed)", "method", c.Method, "err", err)
-		}
-		s.answer(errorFrame(c, codeServerError, msg, ""))
-		return
 	}
-	if !res.Admitted {
-		s.log.Info("action refused", "method", c.Method, "refusal", res.Refusal, "status", res.Run.Status,
-			"cancel_version", res.Run.CancelVersion, "observed_version", s.version, "intent", res.Intent.Key)
-		s.answer(errorFrame(c, codeServerError, refusalText(s.run, s.version, c.Method, res),
-			"refusal="+res.Refusal+" intent="+res.Intent.Key))
+	// The guard's answer is learned even if the client goes meanwhile: an
+	// admission nobody heard of would sit IN_FLIGHT until its lease expires.
+	res, err := s.g.cfg.Ledger.Begin(context.WithoutCancel(s.ctx), greq)
+	if err == nil && !res.Admitted {
+		err = refusal.FromGuard(greq, res)
+	}
+	if err != nil {
+		rf := refusal.FromError(err)
+		s.log.Info("action refused", "method", c.Method, "refusal", rf.Code, "intent", rf.Intent, "message", rf.Message)
+		s.answer(errorFrame(c, codeServerError, rf.CDPMessage(c.Method), rf.CDPData()))
 		return
 	}
 	if s.ended.Load() {
@@ -185,22 +178,6 @@ func (s *session) handle(data []byte) {
 			s.finish(in, state.IntentUnknown, "writing the command to the browser failed: "+err.Error())
 		}
 		s.end(websocket.StatusInternalError, "stopgate: the browser connection failed")
-	}
-}
-
-func refusalText(run string, observed int64, method string, res state.GuardResult) string {
-	obs := "none"
-	if observed > 0 {
-		obs = strconv.FormatInt(observed, 10)
-	}
-	switch res.Refusal {
-	case state.RefusalRunNotActive, state.RefusalStaleVersion:
-		return fmt.Sprintf("stopgate: run %s is %s at cancel_version %d (observed %s): %s refused, recorded %s",
-			run, res.Run.Status, res.Run.CancelVersion, obs, method, state.IntentCancelledBeforeDispatch)
-	case state.RefusalRunNotAdmitted:
-		return fmt.Sprintf("stopgate: run %s was never admitted and auto-admit is off: %s refused (stopgate admit %s first)", run, method, run)
-	default:
-		return fmt.Sprintf("stopgate: %s of run %s refused: %s (intent %s)", method, run, res.Refusal, res.Intent.Key)
 	}
 }
 
@@ -267,7 +244,7 @@ func (s *session) abandon(reason string) {
 }
 
 func (s *session) finish(in state.Intent, outcome state.IntentState, reason string) {
-	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), in, outcome, 0, truncate(reason, state.MaxTextLen))
+	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), in, outcome, 0, state.Clip(reason, state.MaxTextLen))
 	if err == nil {
 		return
 	}

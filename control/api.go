@@ -143,27 +143,6 @@ type RenewResponse struct {
 	Run    state.Run    `json:"run"`
 }
 
-// Refusal is the body of a claim, retry or intent the guard refused: the
-// egress proxy's 409 shape, so a worker reads one shape whichever boundary
-// refused it. Code and Message are where Error has them, so a client that
-// reads every failure as an Error still gets them.
-type Refusal struct {
-	Code            string       `json:"error"`
-	Message         string       `json:"message"`
-	RunID           string       `json:"run_id"`
-	Status          state.Status `json:"status"`
-	CancelVersion   int64        `json:"cancel_version"`
-	ObservedVersion int64        `json:"observed_version"`
-	// Intent is the key the refusal is recorded under.
-	Intent string `json:"intent"`
-	// IntentState is the state of the existing intent that refused a
-	// replay (intent_in_progress, idempotency_key_reused).
-	IntentState state.IntentState `json:"intent_state,omitempty"`
-	// Recorded is CANCELLED_BEFORE_DISPATCH when the run refused.
-	Recorded state.IntentState `json:"recorded,omitempty"`
-	Run      *state.Run        `json:"run,omitempty"`
-}
-
 // OutcomeRequest is the body of PATCH /v1/runs/{run}/intents/{key}: what
 // happened to an IN_FLIGHT effect.
 type OutcomeRequest struct {
@@ -205,31 +184,9 @@ const (
 	OutcomeNotApplied = "not_applied"
 )
 
-// Error is the body of every answer that is not a success.
-type Error struct {
-	// Code is stable for programs: one of the Code* constants, or a
-	// state.Conflict code (run_not_active, stale_version, ...).
-	Code string `json:"error"`
-	// Message says, for a person, what was wrong.
-	Message string `json:"message"`
-	// Run is the row that refused a transition (409 only).
-	Run *state.Run `json:"run,omitempty"`
-}
-
-// Error codes besides the state.Conflict codes.
-const (
-	CodeInvalidJSON          = "invalid_json"           // 400: body is not JSON of the right shape
-	CodeUnknownField         = "unknown_field"          // 400: body has a field the endpoint does not take
-	CodeInvalidRequest       = "invalid_request"        // 400: a field, header, path or query value is not valid
-	CodeUnauthorized         = "unauthorized"           // 401: bearer token missing or wrong
-	CodeBadSignature         = "bad_signature"          // 401: a webhook's X-Stopgate-Signature is missing, wrong or of an unknown source
-	CodeNotFound             = "not_found"              // 404: unknown run or endpoint
-	CodeMethodNotAllowed     = "method_not_allowed"     // 405
-	CodeBodyTooLarge         = "body_too_large"         // 413
-	CodeUnsupportedMediaType = "unsupported_media_type" // 415
-	CodeInternal             = "internal"               // 500: a bug; logged with its stack
-	CodeStoreUnavailable     = "store_unavailable"      // 503: the store did not answer in time
-)
+// Every answer that is not a success is a refusal.Refusal: its JSON body
+// ({"error": code, "message": ...} and, when a run's row decided it, the
+// run's fields) is the same on every edge of stopgate.
 
 // Duration is a drain timeout on the wire: a Go duration string ("30s",
 // "1m30s") or a number of seconds (30, 0.5). It is written back as a string.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -246,7 +247,7 @@ func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
 }
 
 // guard runs the store's guard and answers 201 with the intent, or the
-// refusal in the egress proxy's shape.
+// refusal in the shape every edge gives it.
 func (h *Handler) guard(r *http.Request, req state.GuardRequest) (int, any, error) {
 	if err := req.Validate(); err != nil {
 		return 0, nil, err
@@ -258,54 +259,11 @@ func (h *Handler) guard(r *http.Request, req state.GuardRequest) (int, any, erro
 	if !res.Admitted {
 		h.log.Info("effect refused", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "refusal", res.Refusal,
 			"status", res.Run.Status, "cancel_version", res.Run.CancelVersion, "observed_version", req.ObservedVersion, "actor", req.Actor)
-		return 0, nil, guardRefusal(req, res)
+		return 0, nil, refusal.FromGuard(req, res)
 	}
 	h.log.Debug("effect admitted", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "state", res.Intent.State,
 		"attempt", res.Intent.Attempts, "actor", req.Actor)
 	return http.StatusCreated, GuardResponse{Admitted: true, Intent: res.Intent, Run: normRun(res.Run)}, nil
-}
-
-// refusalError carries a guard refusal to writeError, which sends its body
-// as it is: a refusal has more to say than the generic Error.
-type refusalError struct {
-	status int
-	body   Refusal
-}
-
-func (e *refusalError) Error() string { return e.body.Message }
-
-func guardRefusal(req state.GuardRequest, res state.GuardResult) error {
-	if res.Refusal == state.RefusalRunNotAdmitted {
-		return &httpError{http.StatusNotFound, CodeNotFound,
-			fmt.Sprintf("run %s was never admitted: admit it first (POST /v1/runs); nothing was recorded", req.RunID)}
-	}
-	run := normRun(res.Run)
-	e := &refusalError{status: http.StatusConflict, body: Refusal{
-		Code: res.Refusal, RunID: req.RunID, Status: run.Status, CancelVersion: run.CancelVersion,
-		ObservedVersion: req.ObservedVersion, Intent: res.Intent.Key, Run: &run,
-	}}
-	observed := "none"
-	if req.ObservedVersion != 0 {
-		observed = strconv.FormatInt(req.ObservedVersion, 10)
-	}
-	switch res.Refusal {
-	case state.RefusalRunNotActive, state.RefusalStaleVersion:
-		e.body.Recorded = state.IntentCancelledBeforeDispatch
-		e.body.Message = fmt.Sprintf("run %s is %s at cancel_version %d (the request observed %s): do not dispatch; recorded %s under %s",
-			req.RunID, run.Status, run.CancelVersion, observed, state.IntentCancelledBeforeDispatch, res.Intent.Key)
-	case state.RefusalInProgress:
-		e.body.IntentState = res.Intent.State
-		e.body.Message = fmt.Sprintf("intent %s is %s: no second dispatch while the first is unresolved", res.Intent.Key, res.Intent.State)
-	case state.RefusalKeyReused:
-		e.status = http.StatusUnprocessableEntity
-		e.body.IntentState = res.Intent.State
-		e.body.Message = fmt.Sprintf("key %s was used with a different body_digest: one key, one effect", res.Intent.Key)
-	default:
-		e.body.Message = fmt.Sprintf("the guard refused %s", res.Intent.Key)
-	}
-	// Led by the code, like the message of every other 409 of the API.
-	e.body.Message = res.Refusal + ": " + e.body.Message
-	return e
 }
 
 // getIntent reads one intent.
@@ -327,19 +285,21 @@ func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := h.store.Renew(r.Context(), owner, ttl, []state.IntentRef{{RunID: id, Key: key}}); err != nil {
+	ref := state.IntentRef{RunID: id, Key: key}
+	res, err := h.store.Renew(r.Context(), state.RenewRequest{Owner: owner, TTL: ttl, Refs: []state.IntentRef{ref}})
+	if err != nil {
 		return 0, nil, fmt.Errorf("renew the lease of intent %s of run %s: %w", key, id, err)
 	}
-	// Renew skips what is not the owner's; reading back says which it was.
-	in, err := h.store.Intent(r.Context(), id, key)
-	if err != nil {
-		return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
+	run, ok := res.Runs[id]
+	if !ok {
+		return 0, nil, fmt.Errorf("run %s: %w", id, state.ErrNotFound)
 	}
-	run, err := h.store.Get(r.Context(), id)
-	if err != nil {
-		return 0, nil, fmt.Errorf("read run %s: %w", id, err)
-	}
-	if in.State != state.IntentInFlight || in.LeaseOwner != owner {
+	in, renewed := res.Holds(ref)
+	if !renewed {
+		// The lease was not the worker's: say what the intent is now.
+		if in, err = h.store.Intent(r.Context(), id, key); err != nil {
+			return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
+		}
 		return 0, nil, &state.Conflict{Code: state.ConflictNotInFlight, Run: run, Intent: &in,
 			Detail: fmt.Sprintf("the lease is not %s's: the intent is %s, leased to %q; stop, and do not report success", owner, in.State, in.LeaseOwner)}
 	}

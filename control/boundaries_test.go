@@ -11,34 +11,14 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
-	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/state/redisstore"
 )
 
 // The boundaries that do not travel through the egress proxy, each before
 // and after the cancel, on both stores: the API must give the same answers
 // whichever store is behind it.
-
-func openRedis(t *testing.T) state.Store {
-	t.Helper()
-	redis := redisserver.Start(t, redisserver.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	store, err := redisstore.Open(ctx, redis.URL(), redisstore.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatalf("open redisstore: %v", err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	return store
-}
-
-// onBothStores runs fn once on the embedded store and once on a real
-// redis-server.
-func onBothStores(t *testing.T, fn func(t *testing.T, store state.Store)) {
-	t.Run("FileStore", func(t *testing.T) { fn(t, openFile(t)) })
-	t.Run("RedisStore", func(t *testing.T) { fn(t, openRedis(t)) })
-}
 
 func serveOpts(t *testing.T, opts control.Options) *httptest.Server {
 	t.Helper()
@@ -74,11 +54,14 @@ func wantAdmitted(key string, boundary state.Boundary, st state.IntentState, att
 func wantRefusal(key string, status state.Status, version, observed int64, recorded state.IntentState) func(t *testing.T, r reply) {
 	return func(t *testing.T, r reply) {
 		t.Helper()
-		var ref control.Refusal
+		var ref refusal.Refusal
 		r.json(t, &ref)
-		if ref.Intent != key || ref.Status != status || ref.CancelVersion != version || ref.ObservedVersion != observed || ref.Recorded != recorded {
+		if ref.Run == nil {
+			t.Fatalf("refusal lacks the row: %s", r.body)
+		}
+		if ref.Intent != key || ref.Run.Status != status || ref.Run.CancelVersion != version || ref.ObservedVersion != observed || ref.Recorded != recorded {
 			t.Fatalf("refusal of %s: %s/%d observed %d recorded %q, want %s/%d observed %d recorded %q: %s",
-				ref.Intent, ref.Status, ref.CancelVersion, ref.ObservedVersion, ref.Recorded, status, version, observed, recorded, r.body)
+				ref.Intent, ref.Run.Status, ref.Run.CancelVersion, ref.ObservedVersion, ref.Recorded, status, version, observed, recorded, r.body)
 		}
 		for _, field := range []string{`"run_id":`, `"observed_version":`, `"status":`, `"cancel_version":`} {
 			if !strings.Contains(string(r.body), field) {
@@ -117,7 +100,7 @@ func intentState(t *testing.T, store state.Store, runID, key string) state.Inten
 
 func tick(t *testing.T, store state.Store, runID string) state.Run {
 	t.Helper()
-	run, err := store.Tick(context.Background(), runID, "finalizer:test")
+	run, err := store.Tick(context.Background(), state.TickRequest{RunID: runID, Actor: "sweeper:test"})
 	if err != nil {
 		t.Fatalf("tick %s: %v", runID, err)
 	}
@@ -138,7 +121,7 @@ func eventKinds(t *testing.T, store state.Store, runID string) []string {
 }
 
 func TestClaimRefusedOnceTheRunIsCancelled(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		run(t, srv, []spec{
 			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"c1"}`, status: 201},
@@ -157,7 +140,7 @@ func TestClaimRefusedOnceTheRunIsCancelled(t *testing.T) {
 				}},
 			{name: "ClaimedTwiceRefused", method: "POST", path: "/v1/runs/c1/claims", body: `{"step_id":"s1"}`, status: 409,
 				code: state.RefusalInProgress, message: "IN_FLIGHT", check: func(t *testing.T, r reply) {
-					var ref control.Refusal
+					var ref refusal.Refusal
 					r.json(t, &ref)
 					if ref.IntentState != state.IntentInFlight || ref.Recorded != "" {
 						t.Fatalf("in-progress refusal: %s", r.body)
@@ -196,8 +179,8 @@ func TestClaimRefusedOnceTheRunIsCancelled(t *testing.T) {
 				code: state.RefusalRunNotActive, check: wantRefusal("claim:s3", state.StatusCancelling, 2, 0, state.IntentCancelledBeforeDispatch)},
 			{name: "NewClaimRecorded", method: "GET", path: "/v1/runs/c1/intents/claim:s3", status: 200,
 				check: wantIntent("claim:s3", state.IntentCancelledBeforeDispatch)},
-			{name: "ClaimOnUnadmittedRun", method: "POST", path: "/v1/runs/nope/claims", body: `{"step_id":"s1"}`, status: 404,
-				code: control.CodeNotFound, message: "never admitted"},
+			{name: "ClaimOnUnadmittedRun", method: "POST", path: "/v1/runs/nope/claims", body: `{"step_id":"s1"}`, status: 409,
+				code: state.RefusalRunNotAdmitted, message: "never admitted"},
 		})
 		if got := tick(t, store, "c1"); got.Status != state.StatusCancelled {
 			t.Errorf("nothing in flight, yet the run is %s after a tick", got.Status)
@@ -206,7 +189,7 @@ func TestClaimRefusedOnceTheRunIsCancelled(t *testing.T) {
 }
 
 func TestExpiredClaimBecomesUnknownNeverRedispatched(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		run(t, srv, []spec{
 			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"x1"}`, status: 201},
@@ -229,7 +212,7 @@ func TestExpiredClaimBecomesUnknownNeverRedispatched(t *testing.T) {
 }
 
 func TestRetryScheduledThenRevokedByCancel(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		at := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 		retry := func(attempt int, version int64) string {
@@ -267,7 +250,7 @@ func TestRetryScheduledThenRevokedByCancel(t *testing.T) {
 }
 
 func TestScheduledRetryIsDispatchedUntilTheCancel(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		at := time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
 		run(t, srv, []spec{
@@ -292,7 +275,7 @@ func TestScheduledRetryIsDispatchedUntilTheCancel(t *testing.T) {
 // cancel at its next checkpoint; a lease that is not the worker's any more
 // is a 409.
 func TestRenewIsTheWorkersHeartbeat(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		renewed := func(status state.Status) func(t *testing.T, r reply) {
 			return func(t *testing.T, r reply) {
@@ -325,7 +308,7 @@ func TestRenewIsTheWorkersHeartbeat(t *testing.T) {
 }
 
 func TestIntentGuardedBeforeAndAfterCancel(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		run(t, srv, []spec{
 			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"g1"}`, status: 201},
@@ -366,7 +349,7 @@ func TestIntentGuardedBeforeAndAfterCancel(t *testing.T) {
 }
 
 func TestDeliveryAdmittedWhileCancellingRefusedOnceCancelled(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		delivery := func(key string) string {
 			return `{"key":"` + key + `","boundary":"delivery","method":"POST","target":"https://hooks.example.com/status","allow_cancelling":true}`
@@ -398,21 +381,21 @@ func TestDeliveryAdmittedWhileCancellingRefusedOnceCancelled(t *testing.T) {
 }
 
 func TestOutcomeReports(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serve(t, store, "")
 	run(t, srv, []spec{
 		{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"o1"}`, status: 201},
 		{name: "Begin", method: "POST", path: "/v1/runs/o1/intents", body: `{"key":"k1"}`, status: 201},
 		{name: "UnknownKey", method: "PATCH", path: "/v1/runs/o1/intents/nope", body: `{"outcome":"responded"}`, status: 404,
-			code: control.CodeNotFound, message: "no intent nope"},
-		{name: "UnknownRun", method: "PATCH", path: "/v1/runs/ghost/intents/k1", body: `{"outcome":"responded"}`, status: 404, code: control.CodeNotFound},
+			code: string(refusal.NotFound), message: "no intent nope"},
+		{name: "UnknownRun", method: "PATCH", path: "/v1/runs/ghost/intents/k1", body: `{"outcome":"responded"}`, status: 404, code: string(refusal.NotFound)},
 		{name: "BadOutcome", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{"outcome":"done"}`, status: 400,
-			code: control.CodeInvalidRequest, message: `outcome "done"`},
-		{name: "MissingOutcome", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{}`, status: 400, code: control.CodeInvalidRequest, message: "outcome is required"},
+			code: string(refusal.InvalidRequest), message: `outcome "done"`},
+		{name: "MissingOutcome", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{}`, status: 400, code: string(refusal.InvalidRequest), message: "outcome is required"},
 		{name: "AttemptZero", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{"outcome":"responded","attempt":0}`, status: 400,
-			code: control.CodeInvalidRequest, message: "attempt 0"},
+			code: string(refusal.InvalidRequest), message: "attempt 0"},
 		{name: "BadStatusCode", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{"outcome":"responded","status_code":1000}`, status: 400,
-			code: control.CodeInvalidRequest, message: "status code"},
+			code: string(refusal.InvalidRequest), message: "status code"},
 		{name: "ReleasedNotSent", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{"outcome":"NOT_SENT","attempt":1}`, status: 200,
 			check: wantIntent("k1", state.IntentNotSent)},
 		{name: "NotInFlight", method: "PATCH", path: "/v1/runs/o1/intents/k1", body: `{"outcome":"responded"}`, status: 409,
@@ -430,8 +413,8 @@ func TestOutcomeReports(t *testing.T) {
 			})},
 		{name: "NeverDispatchedIsNotInFlight", method: "POST", path: "/v1/runs/o1/intents", body: `{"key":"k2","cancel_version":9}`, status: 409, code: state.RefusalStaleVersion},
 		{name: "PatchNeverDispatched", method: "PATCH", path: "/v1/runs/o1/intents/k2", body: `{"outcome":"responded"}`, status: 409, code: state.ConflictNotInFlight},
-		{name: "GetUnknownKey", method: "GET", path: "/v1/runs/o1/intents/nope", status: 404, code: control.CodeNotFound, message: "no intent nope"},
-		{name: "PutNotAllowed", method: "PUT", path: "/v1/runs/o1/intents/k1", status: 405, code: control.CodeMethodNotAllowed, check: func(t *testing.T, r reply) {
+		{name: "GetUnknownKey", method: "GET", path: "/v1/runs/o1/intents/nope", status: 404, code: string(refusal.NotFound), message: "no intent nope"},
+		{name: "PutNotAllowed", method: "PUT", path: "/v1/runs/o1/intents/k1", status: 405, code: string(refusal.MethodNotAllowed), check: func(t *testing.T, r reply) {
 			if allow := r.header.Get("Allow"); allow != "GET, HEAD, PATCH" {
 				t.Errorf("Allow %q", allow)
 			}
@@ -452,47 +435,47 @@ func TestOutcomeReports(t *testing.T) {
 // TestBoundaryBadInput: every field is checked before the store is asked,
 // and the message names it.
 func TestBoundaryBadInput(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serve(t, store, "")
 	do(t, srv, "POST", "/v1/runs", `{"run_id":"b1"}`, nil)
 	long := strings.Repeat("s", control.MaxStepIDLen+1)
 	tests := []struct {
 		name, path, body, code, message string
 	}{
-		{"ClaimNoStep", "claims", `{}`, control.CodeInvalidRequest, "step_id is required"},
-		{"ClaimStepWithSpace", "claims", `{"step_id":"a b"}`, control.CodeInvalidRequest, "step_id"},
-		{"ClaimStepTooLong", "claims", `{"step_id":"` + long + `"}`, control.CodeInvalidRequest, "step_id"},
-		{"ClaimLeaseNotDuration", "claims", `{"step_id":"s","lease_ttl":"soon"}`, control.CodeInvalidJSON, "lease_ttl"},
-		{"ClaimLeaseWrongType", "claims", `{"step_id":"s","lease_ttl":true}`, control.CodeInvalidJSON, "lease_ttl"},
-		{"ClaimLeaseZero", "claims", `{"step_id":"s","lease_ttl":0}`, control.CodeInvalidRequest, "lease_ttl"},
-		{"ClaimLeaseTooLong", "claims", `{"step_id":"s","lease_ttl":"25h"}`, control.CodeInvalidRequest, "lease_ttl"},
-		{"ClaimNegativeVersion", "claims", `{"step_id":"s","cancel_version":-1}`, control.CodeInvalidRequest, "cancel_version"},
-		{"ClaimVersionAsString", "claims", `{"step_id":"s","cancel_version":"1"}`, control.CodeInvalidJSON, "cancel_version"},
-		{"ClaimWorkerTooLong", "claims", `{"step_id":"s","worker":"` + strings.Repeat("w", state.MaxTextLen+1) + `"}`, control.CodeInvalidRequest, "worker"},
-		{"ClaimUnknownField", "claims", `{"step_id":"s","step":"s"}`, control.CodeUnknownField, `"step"`},
-		{"RetryNoAttempt", "retries", `{"step_id":"s","not_before":"2030-01-01T00:00:00Z"}`, control.CodeInvalidRequest, "attempt 0"},
-		{"RetryNoTime", "retries", `{"step_id":"s","attempt":1}`, control.CodeInvalidRequest, "not_before is required"},
-		{"RetryBadTime", "retries", `{"step_id":"s","attempt":1,"not_before":"tomorrow"}`, control.CodeInvalidRequest, "not_before"},
-		{"RetryZeroTime", "retries", `{"step_id":"s","attempt":1,"not_before":"0001-01-01T00:00:00Z"}`, control.CodeInvalidRequest, "not_before"},
-		{"RetryNoStep", "retries", `{"attempt":1,"not_before":"2030-01-01T00:00:00Z"}`, control.CodeInvalidRequest, "step_id"},
-		{"IntentNoKey", "intents", `{"method":"SMTP"}`, control.CodeInvalidRequest, "key is required"},
-		{"IntentBadKey", "intents", `{"key":"a b"}`, control.CodeInvalidRequest, "intent key"},
-		{"IntentClaimKey", "intents", `{"key":"claim:s1"}`, control.CodeInvalidRequest, "claim:"},
-		{"IntentRetryKey", "intents", `{"key":"retry:s1:1"}`, control.CodeInvalidRequest, "retry:"},
-		{"IntentProxyBoundary", "intents", `{"key":"k","boundary":"http"}`, control.CodeInvalidRequest, "boundary"},
-		{"IntentUnknownBoundary", "intents", `{"key":"k","boundary":"smtp"}`, control.CodeInvalidRequest, "boundary"},
-		{"AllowCancellingNotDelivery", "intents", `{"key":"k","allow_cancelling":true}`, control.CodeInvalidRequest, "allow_cancelling"},
-		{"IntentTargetTooLong", "intents", `{"key":"k","target":"` + strings.Repeat("t", state.MaxTargetLen+1) + `"}`, control.CodeInvalidRequest, "target"},
-		{"IntentLeaseNegative", "intents", `{"key":"k","lease_ttl":"-1s"}`, control.CodeInvalidRequest, "lease_ttl"},
-		{"IntentNotJSON", "intents", `{"key":`, control.CodeInvalidJSON, ""},
+		{"ClaimNoStep", "claims", `{}`, string(refusal.InvalidRequest), "step_id is required"},
+		{"ClaimStepWithSpace", "claims", `{"step_id":"a b"}`, string(refusal.InvalidRequest), "step_id"},
+		{"ClaimStepTooLong", "claims", `{"step_id":"` + long + `"}`, string(refusal.InvalidRequest), "step_id"},
+		{"ClaimLeaseNotDuration", "claims", `{"step_id":"s","lease_ttl":"soon"}`, string(refusal.InvalidJSON), "lease_ttl"},
+		{"ClaimLeaseWrongType", "claims", `{"step_id":"s","lease_ttl":true}`, string(refusal.InvalidJSON), "lease_ttl"},
+		{"ClaimLeaseZero", "claims", `{"step_id":"s","lease_ttl":0}`, string(refusal.InvalidRequest), "lease_ttl"},
+		{"ClaimLeaseTooLong", "claims", `{"step_id":"s","lease_ttl":"25h"}`, string(refusal.InvalidRequest), "lease_ttl"},
+		{"ClaimNegativeVersion", "claims", `{"step_id":"s","cancel_version":-1}`, string(refusal.InvalidRequest), "cancel_version"},
+		{"ClaimVersionAsString", "claims", `{"step_id":"s","cancel_version":"1"}`, string(refusal.InvalidJSON), "cancel_version"},
+		{"ClaimWorkerTooLong", "claims", `{"step_id":"s","worker":"` + strings.Repeat("w", state.MaxTextLen+1) + `"}`, string(refusal.InvalidRequest), "worker"},
+		{"ClaimUnknownField", "claims", `{"step_id":"s","step":"s"}`, string(refusal.UnknownField), `"step"`},
+		{"RetryNoAttempt", "retries", `{"step_id":"s","not_before":"2030-01-01T00:00:00Z"}`, string(refusal.InvalidRequest), "attempt 0"},
+		{"RetryNoTime", "retries", `{"step_id":"s","attempt":1}`, string(refusal.InvalidRequest), "not_before is required"},
+		{"RetryBadTime", "retries", `{"step_id":"s","attempt":1,"not_before":"tomorrow"}`, string(refusal.InvalidRequest), "not_before"},
+		{"RetryZeroTime", "retries", `{"step_id":"s","attempt":1,"not_before":"0001-01-01T00:00:00Z"}`, string(refusal.InvalidRequest), "not_before"},
+		{"RetryNoStep", "retries", `{"attempt":1,"not_before":"2030-01-01T00:00:00Z"}`, string(refusal.InvalidRequest), "step_id"},
+		{"IntentNoKey", "intents", `{"method":"SMTP"}`, string(refusal.InvalidRequest), "key is required"},
+		{"IntentBadKey", "intents", `{"key":"a b"}`, string(refusal.InvalidRequest), "intent key"},
+		{"IntentClaimKey", "intents", `{"key":"claim:s1"}`, string(refusal.InvalidRequest), "claim:"},
+		{"IntentRetryKey", "intents", `{"key":"retry:s1:1"}`, string(refusal.InvalidRequest), "retry:"},
+		{"IntentProxyBoundary", "intents", `{"key":"k","boundary":"http"}`, string(refusal.InvalidRequest), "boundary"},
+		{"IntentUnknownBoundary", "intents", `{"key":"k","boundary":"smtp"}`, string(refusal.InvalidRequest), "boundary"},
+		{"AllowCancellingNotDelivery", "intents", `{"key":"k","allow_cancelling":true}`, string(refusal.InvalidRequest), "allow_cancelling"},
+		{"IntentTargetTooLong", "intents", `{"key":"k","target":"` + strings.Repeat("t", state.MaxTargetLen+1) + `"}`, string(refusal.InvalidRequest), "target"},
+		{"IntentLeaseNegative", "intents", `{"key":"k","lease_ttl":"-1s"}`, string(refusal.InvalidRequest), "lease_ttl"},
+		{"IntentNotJSON", "intents", `{"key":`, string(refusal.InvalidJSON), ""},
 	}
 	var specs []spec
 	for _, tc := range tests {
 		specs = append(specs, spec{name: tc.name, method: "POST", path: "/v1/runs/b1/" + tc.path, body: tc.body, status: 400, code: tc.code, message: tc.message})
 	}
 	specs = append(specs,
-		spec{name: "BadRunInPath", method: "POST", path: "/v1/runs/bad%20id/claims", body: `{"step_id":"s"}`, status: 400, code: control.CodeInvalidRequest, message: "run id"},
-		spec{name: "BadKeyInPath", method: "GET", path: "/v1/runs/b1/intents/a%20b", status: 400, code: control.CodeInvalidRequest, message: "intent key"},
+		spec{name: "BadRunInPath", method: "POST", path: "/v1/runs/bad%20id/claims", body: `{"step_id":"s"}`, status: 400, code: string(refusal.InvalidRequest), message: "run id"},
+		spec{name: "BadKeyInPath", method: "GET", path: "/v1/runs/b1/intents/a%20b", status: 400, code: string(refusal.InvalidRequest), message: "intent key"},
 		spec{name: "NothingRecorded", method: "GET", path: "/v1/runs/b1/intents", status: 200, check: func(t *testing.T, r reply) {
 			if strings.TrimSpace(string(r.body)) != `{"intents":[]}` {
 				t.Fatalf("bad input wrote intents: %s", r.body)

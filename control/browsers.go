@@ -6,16 +6,13 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
 // The browser launcher's endpoint. The launcher itself (package
 // browserguard) is passed in through Options.Browsers, so that this
 // package stays the API and never starts a process.
-
-// CodeBrowserUnavailable is the 503 of a launch that could not start a
-// browser (no launcher configured, no Chromium, a start that failed).
-const CodeBrowserUnavailable = "browser_unavailable"
 
 // BrowserRequest is the body of POST /v1/runs/{run}/browsers; it may be
 // empty.
@@ -79,7 +76,7 @@ func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error)
 		return 0, nil, fmt.Errorf("%w: cancel_version %d is negative", state.ErrInvalid, body.CancelVersion)
 	}
 	if h.browsers == nil {
-		return 0, nil, &httpError{http.StatusServiceUnavailable, CodeBrowserUnavailable, "this stopgate launches no browsers"}
+		return 0, nil, refusal.New(refusal.BrowserUnavailable, "this stopgate launches no browsers")
 	}
 	// Starting Chromium takes longer than a store call may: the launcher
 	// bounds the start itself, and a launch once admitted is carried to
@@ -88,13 +85,13 @@ func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error)
 	var conflict *state.Conflict
 	switch {
 	case err == nil && !got.Guard.Admitted:
-		return 0, nil, guardRefusal(state.GuardRequest{RunID: id, ObservedVersion: body.CancelVersion}, got.Guard)
+		return 0, nil, refusal.FromGuard(state.GuardRequest{RunID: id, ObservedVersion: body.CancelVersion}, got.Guard)
 	case err == nil:
 	case errors.Is(err, state.ErrUnavailable), errors.Is(err, state.ErrInvalid), errors.As(err, &conflict):
 		return 0, nil, err
 	default:
 		h.log.Warn("control: browser launch failed", "run", id, "err", err)
-		return 0, nil, &httpError{http.StatusServiceUnavailable, CodeBrowserUnavailable, "the browser could not be started: " + err.Error()}
+		return 0, nil, refusal.New(refusal.BrowserUnavailable, "%s", "the browser could not be started: "+err.Error())
 	}
 	status := http.StatusOK
 	if got.Created {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -43,7 +45,7 @@ func (f *fakeLauncher) launch(ctx context.Context, req control.BrowserLaunch) (c
 }
 
 func TestLaunchBrowser(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	f := &fakeLauncher{store: store, seen: map[string]bool{}}
 	srv := serveOpts(t, control.Options{Store: store, Browsers: f.launch})
 	wantBrowser := func(created bool) func(t *testing.T, r reply) {
@@ -63,17 +65,17 @@ func TestLaunchBrowser(t *testing.T) {
 			status: http.StatusConflict, code: state.RefusalRunNotActive, message: "CANCELLING",
 			check: wantRefusal("launch.3", state.StatusCancelling, 2, 1, state.IntentCancelledBeforeDispatch)},
 		{name: "store down", method: http.MethodPost, path: "/v1/runs/storedown/browsers",
-			status: http.StatusServiceUnavailable, code: control.CodeStoreUnavailable, message: "redis timed out"},
+			status: http.StatusServiceUnavailable, code: string(refusal.StoreUnavailable), message: "redis timed out"},
 		{name: "no chromium", method: http.MethodPost, path: "/v1/runs/nochromium/browsers",
-			status: http.StatusServiceUnavailable, code: control.CodeBrowserUnavailable, message: "the browser could not be started: chromium /nowhere"},
+			status: http.StatusServiceUnavailable, code: string(refusal.BrowserUnavailable), message: "the browser could not be started: chromium /nowhere"},
 		{name: "bad version", method: http.MethodPost, path: "/v1/runs/b2/browsers", body: `{"cancel_version":-1}`,
-			status: http.StatusBadRequest, code: control.CodeInvalidRequest, message: "negative"},
-		{name: "bad run", method: http.MethodPost, path: "/v1/runs/bad%20run/browsers", status: http.StatusBadRequest, code: control.CodeInvalidRequest},
-		{name: "GET", method: http.MethodGet, path: "/v1/runs/b1/browsers", status: http.StatusMethodNotAllowed, code: control.CodeMethodNotAllowed},
+			status: http.StatusBadRequest, code: string(refusal.InvalidRequest), message: "negative"},
+		{name: "bad run", method: http.MethodPost, path: "/v1/runs/bad%20run/browsers", status: http.StatusBadRequest, code: string(refusal.InvalidRequest)},
+		{name: "GET", method: http.MethodGet, path: "/v1/runs/b1/browsers", status: http.StatusMethodNotAllowed, code: string(refusal.MethodNotAllowed)},
 	})
 
 	// Without a launcher the endpoint says so.
 	srv = serveOpts(t, control.Options{Store: store})
 	run(t, srv, []spec{{name: "no launcher", method: http.MethodPost, path: "/v1/runs/b3/browsers",
-		status: http.StatusServiceUnavailable, code: control.CodeBrowserUnavailable, message: "launches no browsers"}})
+		status: http.StatusServiceUnavailable, code: string(refusal.BrowserUnavailable), message: "launches no browsers"}})
 }

@@ -8,7 +8,7 @@
 // header, body size and shape.
 //
 // It never dispatches an effect, never cuts a connection and never moves a
-// run on by itself (finalizing is the finalizer's job): every transition is
+// run on by itself (moving runs on is the sweeper's job): every transition is
 // one call of the store, which does the atomic step.
 package control
 
@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
@@ -52,7 +53,7 @@ type Options struct {
 	// /healthz and /readyz stay open so that probes need no secret.
 	Token string
 	// DrainTimeout is the drain of a cancel that names none. Zero means
-	// none: in-flight work is cut at the next finalizer pass. The server
+	// none: in-flight work is cut at the sweeper's next pass. The server
 	// passes its --drain-timeout (30s by default).
 	DrainTimeout time.Duration
 	// StoreTimeout bounds each request's store calls; zero means
@@ -182,12 +183,11 @@ func (h *Handler) routes() {
 		allow := strings.Join(methods, ", ")
 		h.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			h.writeError(w, r, &httpError{http.StatusMethodNotAllowed, CodeMethodNotAllowed,
-				fmt.Sprintf("%s is not allowed on %s; use %s", r.Method, path, allow)})
+			h.writeError(w, r, refusal.New(refusal.MethodNotAllowed, "%s is not allowed on %s; use %s", r.Method, path, allow))
 		})
 	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		h.writeError(w, r, &httpError{http.StatusNotFound, CodeNotFound, fmt.Sprintf("no endpoint %s", r.URL.Path)})
+		h.writeError(w, r, refusal.New(refusal.NotFound, "no endpoint %s", r.URL.Path))
 	})
 }
 
@@ -202,7 +202,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			h.log.Error("control: panic serving request", "method", r.Method, "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
 			if !rw.wrote {
-				h.writeError(rw, r, &httpError{http.StatusInternalServerError, CodeInternal, "internal error; the server log has the details"})
+				h.writeError(rw, r, refusal.New(refusal.Internal, "internal error; the server log has the details"))
 			}
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
@@ -211,7 +211,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the token; resolve verifies it (signedWebhook).
 	if h.hasToken && !openPath(r.URL.Path) && !h.signedWebhook(r) && !h.authorized(r) {
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
-		h.writeError(rw, r, &httpError{http.StatusUnauthorized, CodeUnauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"})
+		h.writeError(rw, r, refusal.New(refusal.Unauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"))
 		return
 	}
 	h.mux.ServeHTTP(rw, r)
@@ -252,15 +252,15 @@ func actorOf(r *http.Request) (string, error) {
 		return DefaultActor, nil
 	}
 	if len(vals) > 1 {
-		return "", &httpError{http.StatusBadRequest, CodeInvalidRequest, ActorHeader + " is given more than once"}
+		return "", refusal.New(refusal.InvalidRequest, "%s", ActorHeader+" is given more than once")
 	}
 	a := vals[0]
 	if a == "" || len(a) > MaxActorLen {
-		return "", &httpError{http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("%s must be 1 to %d characters, got %d", ActorHeader, MaxActorLen, len(a))}
+		return "", refusal.New(refusal.InvalidRequest, "%s must be 1 to %d characters, got %d", ActorHeader, MaxActorLen, len(a))
 	}
 	for i := 0; i < len(a); i++ {
 		if a[i] < 0x20 || a[i] > 0x7e {
-			return "", &httpError{http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("%s has a byte outside printable ASCII at offset %d", ActorHeader, i)}
+			return "", refusal.New(refusal.InvalidRequest, "%s has a byte outside printable ASCII at offset %d", ActorHeader, i)
 		}
 	}
 	return a, nil
@@ -279,7 +279,7 @@ func openPath(path string) bool {
 // ca serves the MITM CA certificate workers must trust.
 func (h *Handler) ca(w http.ResponseWriter, r *http.Request) {
 	if len(h.caPEM) == 0 {
-		h.writeError(w, r, &httpError{http.StatusNotFound, CodeNotFound, "this stopgate has no MITM CA (no egress proxy is configured)"})
+		h.writeError(w, r, refusal.New(refusal.NotFound, "this stopgate has no MITM CA (no egress proxy is configured)"))
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-pem-file")
@@ -294,7 +294,7 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 	defer cancel()
 	if err := h.store.Ping(ctx); err != nil {
-		h.writeError(w, r, &httpError{http.StatusServiceUnavailable, CodeStoreUnavailable, fmt.Sprintf("store did not answer a ping within %s: %v", ReadyTimeout, err)})
+		h.writeError(w, r, refusal.New(refusal.StoreUnavailable, "store did not answer a ping within %s: %v", ReadyTimeout, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

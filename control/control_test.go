@@ -8,29 +8,19 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/state/filestore"
 )
 
 // The specs run against real stores behind a real HTTP server: the
 // embedded store in a temporary directory here, Redis in redis_test.go.
-
-func openFile(t *testing.T) *filestore.Store {
-	t.Helper()
-	s, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatalf("open filestore: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
 
 func serve(t *testing.T, store state.Store, token string) *httptest.Server {
 	t.Helper()
@@ -119,9 +109,12 @@ func run(t *testing.T, srv *httptest.Server, specs []spec) {
 				t.Errorf("Content-Type %q, want application/json", ct)
 			}
 			if r.status >= 400 {
-				var e control.Error
+				if got := r.header.Get(refusal.Header); got != sp.code {
+					t.Errorf("%s header %q, want %q", refusal.Header, got, sp.code)
+				}
+				var e refusal.Refusal
 				r.json(t, &e)
-				if e.Code != sp.code {
+				if string(e.Code) != sp.code {
 					t.Errorf("error code %q, want %q (message %q)", e.Code, sp.code, e.Message)
 				}
 				if e.Message == "" || !strings.Contains(e.Message, sp.message) {
@@ -171,7 +164,7 @@ func wantCancel(status state.Status, version int64, changed bool, drain time.Dur
 func conflictRun(status state.Status, version int64) func(t *testing.T, r reply) {
 	return func(t *testing.T, r reply) {
 		t.Helper()
-		var e control.Error
+		var e refusal.Refusal
 		r.json(t, &e)
 		if e.Run == nil || e.Run.Status != status || e.Run.CancelVersion != version {
 			t.Fatalf("409 carries run %+v, want %s/%d: %s", e.Run, status, version, r.body)
@@ -211,7 +204,7 @@ func walkSpecs() []spec {
 		{name: "AdmitIsIdempotent", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, status: 200, check: wantRun(state.StatusActive, 1)},
 		{name: "GetRow", method: "GET", path: "/v1/runs/r1", status: 200, check: wantRun(state.StatusActive, 1)},
 		{name: "ListActive", method: "GET", path: "/v1/runs?status=active", status: 200, check: wantIDs("r1")},
-		{name: "ListBadStatus", method: "GET", path: "/v1/runs?status=RUNNING", status: 400, code: control.CodeInvalidRequest, message: "RUNNING"},
+		{name: "ListBadStatus", method: "GET", path: "/v1/runs?status=RUNNING", status: 400, code: string(refusal.InvalidRequest), message: "RUNNING"},
 		{name: "CancelWithGoDuration", method: "POST", path: "/v1/runs/r1/cancel", body: `{"reason":"operator pressed stop","drain_timeout":"45s"}`, header: operator, status: 202,
 			check: wantCancel(state.StatusCancelling, 2, true, 45*time.Second)},
 		{name: "CancelAgainIsNoOp", method: "POST", path: "/v1/runs/r1/cancel", status: 202, check: wantCancel(state.StatusCancelling, 2, false, 45*time.Second)},
@@ -233,7 +226,7 @@ func walkSpecs() []spec {
 		{name: "AdmitDone", method: "POST", path: "/v1/runs", body: `{"run_id":"done"}`, status: 201},
 		{name: "CompleteWrongVersion", method: "POST", path: "/v1/runs/done/complete", body: `{"cancel_version":7}`, status: 409, code: state.RefusalStaleVersion,
 			check: conflictRun(state.StatusActive, 1)},
-		{name: "CompleteWithoutVersion", method: "POST", path: "/v1/runs/done/complete", body: `{}`, status: 400, code: control.CodeInvalidRequest, message: "cancel_version"},
+		{name: "CompleteWithoutVersion", method: "POST", path: "/v1/runs/done/complete", body: `{}`, status: 400, code: string(refusal.InvalidRequest), message: "cancel_version"},
 		{name: "Complete", method: "POST", path: "/v1/runs/done/complete", body: `{"cancel_version":1,"reason":"finished"}`, status: 200, check: wantRun(state.StatusCompleted, 1)},
 		{name: "CancelCompletedRefused", method: "POST", path: "/v1/runs/done/cancel", status: 409, code: state.RefusalRunNotActive, message: "COMPLETED",
 			check: conflictRun(state.StatusCompleted, 1)},
@@ -287,65 +280,65 @@ func walkSpecs() []spec {
 				}
 			}
 		}},
-		{name: "GetUnknownRun", method: "GET", path: "/v1/runs/nope", status: 404, code: control.CodeNotFound, message: "nope"},
-		{name: "EventsUnknownRun", method: "GET", path: "/v1/runs/nope/events", status: 404, code: control.CodeNotFound, message: "nope"},
-		{name: "IntentsUnknownRun", method: "GET", path: "/v1/runs/nope/intents", status: 404, code: control.CodeNotFound},
-		{name: "AuditUnknownRun", method: "GET", path: "/v1/runs/nope/audit", status: 404, code: control.CodeNotFound},
-		{name: "CompleteUnknownRun", method: "POST", path: "/v1/runs/nope/complete", body: `{"cancel_version":1}`, status: 404, code: control.CodeNotFound},
-		{name: "BadRunIDInPath", method: "GET", path: "/v1/runs/bad%20id", status: 400, code: control.CodeInvalidRequest, message: "run id"},
-		{name: "BadRunIDInBody", method: "POST", path: "/v1/runs", body: `{"run_id":"brace{tag}"}`, status: 400, code: control.CodeInvalidRequest, message: "run id"},
-		{name: "EmptyRunID", method: "POST", path: "/v1/runs", body: `{}`, status: 400, code: control.CodeInvalidRequest, message: "run id is empty"},
+		{name: "GetUnknownRun", method: "GET", path: "/v1/runs/nope", status: 404, code: string(refusal.NotFound), message: "nope"},
+		{name: "EventsUnknownRun", method: "GET", path: "/v1/runs/nope/events", status: 404, code: string(refusal.NotFound), message: "nope"},
+		{name: "IntentsUnknownRun", method: "GET", path: "/v1/runs/nope/intents", status: 404, code: string(refusal.NotFound)},
+		{name: "AuditUnknownRun", method: "GET", path: "/v1/runs/nope/audit", status: 404, code: string(refusal.NotFound)},
+		{name: "CompleteUnknownRun", method: "POST", path: "/v1/runs/nope/complete", body: `{"cancel_version":1}`, status: 404, code: string(refusal.NotFound)},
+		{name: "BadRunIDInPath", method: "GET", path: "/v1/runs/bad%20id", status: 400, code: string(refusal.InvalidRequest), message: "run id"},
+		{name: "BadRunIDInBody", method: "POST", path: "/v1/runs", body: `{"run_id":"brace{tag}"}`, status: 400, code: string(refusal.InvalidRequest), message: "run id"},
+		{name: "EmptyRunID", method: "POST", path: "/v1/runs", body: `{}`, status: 400, code: string(refusal.InvalidRequest), message: "run id is empty"},
 	}
 }
 
 func TestWalkOnFileStore(t *testing.T) {
-	run(t, serve(t, openFile(t), ""), walkSpecs())
+	run(t, serve(t, testkit.FileStore(t), ""), walkSpecs())
 }
 
 // TestRequestErrors covers what the API refuses before the store is asked.
 func TestRequestErrors(t *testing.T) {
-	srv := serve(t, openFile(t), "")
+	srv := serve(t, testkit.FileStore(t), "")
 	big := `{"run_id":"r1","reason":"` + strings.Repeat("x", control.MaxBodyBytes) + `"}`
 	run(t, srv, []spec{
 		{name: "Setup", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, status: 201},
-		{name: "BadJSON", method: "POST", path: "/v1/runs", body: `{"run_id":`, status: 400, code: control.CodeInvalidJSON},
-		{name: "SyntaxError", method: "POST", path: "/v1/runs", body: `{"run_id" "r1"}`, status: 400, code: control.CodeInvalidJSON, message: "byte"},
-		{name: "NotAnObject", method: "POST", path: "/v1/runs", body: `["r1"]`, status: 400, code: control.CodeInvalidJSON, message: "object"},
-		{name: "UnknownField", method: "POST", path: "/v1/runs", body: `{"run_id":"r9","runid":"x"}`, status: 400, code: control.CodeUnknownField, message: `"runid"`},
-		{name: "WrongType", method: "POST", path: "/v1/runs", body: `{"run_id":42}`, status: 400, code: control.CodeInvalidJSON, message: "run_id"},
-		{name: "TwoValues", method: "POST", path: "/v1/runs", body: `{"run_id":"r9"}{"run_id":"r8"}`, status: 400, code: control.CodeInvalidJSON, message: "one object"},
-		{name: "VersionAsString", method: "POST", path: "/v1/runs/r1/complete", body: `{"cancel_version":"1"}`, status: 400, code: control.CodeInvalidJSON, message: "cancel_version"},
-		{name: "BadDrainString", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":"soon"}`, status: 400, code: control.CodeInvalidJSON, message: "drain_timeout"},
-		{name: "BadDrainType", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":true}`, status: 400, code: control.CodeInvalidJSON, message: "drain_timeout"},
-		{name: "NegativeDrain", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":-5}`, status: 400, code: control.CodeInvalidRequest, message: "drain timeout"},
-		{name: "DrainTooLong", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":"200h"}`, status: 400, code: control.CodeInvalidRequest, message: "7 days"},
+		{name: "BadJSON", method: "POST", path: "/v1/runs", body: `{"run_id":`, status: 400, code: string(refusal.InvalidJSON)},
+		{name: "SyntaxError", method: "POST", path: "/v1/runs", body: `{"run_id" "r1"}`, status: 400, code: string(refusal.InvalidJSON), message: "byte"},
+		{name: "NotAnObject", method: "POST", path: "/v1/runs", body: `["r1"]`, status: 400, code: string(refusal.InvalidJSON), message: "object"},
+		{name: "UnknownField", method: "POST", path: "/v1/runs", body: `{"run_id":"r9","runid":"x"}`, status: 400, code: string(refusal.UnknownField), message: `"runid"`},
+		{name: "WrongType", method: "POST", path: "/v1/runs", body: `{"run_id":42}`, status: 400, code: string(refusal.InvalidJSON), message: "run_id"},
+		{name: "TwoValues", method: "POST", path: "/v1/runs", body: `{"run_id":"r9"}{"run_id":"r8"}`, status: 400, code: string(refusal.InvalidJSON), message: "one object"},
+		{name: "VersionAsString", method: "POST", path: "/v1/runs/r1/complete", body: `{"cancel_version":"1"}`, status: 400, code: string(refusal.InvalidJSON), message: "cancel_version"},
+		{name: "BadDrainString", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":"soon"}`, status: 400, code: string(refusal.InvalidJSON), message: "drain_timeout"},
+		{name: "BadDrainType", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":true}`, status: 400, code: string(refusal.InvalidJSON), message: "drain_timeout"},
+		{name: "NegativeDrain", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":-5}`, status: 400, code: string(refusal.InvalidRequest), message: "drain timeout"},
+		{name: "DrainTooLong", method: "POST", path: "/v1/runs/r1/cancel", body: `{"drain_timeout":"200h"}`, status: 400, code: string(refusal.InvalidRequest), message: "7 days"},
 		{name: "StillActiveAfterRefusals", method: "GET", path: "/v1/runs/r1", status: 200, check: wantRun(state.StatusActive, 1)},
-		{name: "ReasonTooLong", method: "POST", path: "/v1/runs/r1/cancel", body: `{"reason":"` + strings.Repeat("y", state.MaxTextLen+1) + `"}`, status: 400, code: control.CodeInvalidRequest, message: "reason"},
-		{name: "BodyTooLarge", method: "POST", path: "/v1/runs", body: big, status: 413, code: control.CodeBodyTooLarge},
-		{name: "NotJSONContentType", method: "POST", path: "/v1/runs", body: `{"run_id":"r9"}`, header: map[string]string{"Content-Type": "text/plain"}, status: 415, code: control.CodeUnsupportedMediaType, message: "text/plain"},
-		{name: "FormContentType", method: "POST", path: "/v1/runs/r1/cancel", body: `reason=x`, header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, status: 415, code: control.CodeUnsupportedMediaType},
+		{name: "ReasonTooLong", method: "POST", path: "/v1/runs/r1/cancel", body: `{"reason":"` + strings.Repeat("y", state.MaxTextLen+1) + `"}`, status: 400, code: string(refusal.InvalidRequest), message: "reason"},
+		{name: "BodyTooLarge", method: "POST", path: "/v1/runs", body: big, status: 413, code: string(refusal.BodyTooLarge)},
+		{name: "NotJSONContentType", method: "POST", path: "/v1/runs", body: `{"run_id":"r9"}`, header: map[string]string{"Content-Type": "text/plain"}, status: 415, code: string(refusal.UnsupportedMediaType), message: "text/plain"},
+		{name: "FormContentType", method: "POST", path: "/v1/runs/r1/cancel", body: `reason=x`, header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, status: 415, code: string(refusal.UnsupportedMediaType)},
 		{name: "JSONWithCharset", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, header: map[string]string{"Content-Type": "application/json; charset=utf-8"}, status: 200},
 		{name: "NoContentTypeIsJSON", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, header: map[string]string{"Content-Type": ""}, status: 200},
-		{name: "WrongMethod", method: "DELETE", path: "/v1/runs/r1", status: 405, code: control.CodeMethodNotAllowed, message: "DELETE", check: func(t *testing.T, r reply) {
+		{name: "WrongMethod", method: "DELETE", path: "/v1/runs/r1", status: 405, code: string(refusal.MethodNotAllowed), message: "DELETE", check: func(t *testing.T, r reply) {
 			if allow := r.header.Get("Allow"); allow != "GET, HEAD" {
 				t.Errorf("Allow %q, want GET, HEAD", allow)
 			}
 		}},
-		{name: "GetOnCancel", method: "GET", path: "/v1/runs/r1/cancel", status: 405, code: control.CodeMethodNotAllowed, check: func(t *testing.T, r reply) {
+		{name: "GetOnCancel", method: "GET", path: "/v1/runs/r1/cancel", status: 405, code: string(refusal.MethodNotAllowed), check: func(t *testing.T, r reply) {
 			if allow := r.header.Get("Allow"); allow != "POST" {
 				t.Errorf("Allow %q, want POST", allow)
 			}
 		}},
-		{name: "PutOnRuns", method: "PUT", path: "/v1/runs", status: 405, code: control.CodeMethodNotAllowed, check: func(t *testing.T, r reply) {
+		{name: "PutOnRuns", method: "PUT", path: "/v1/runs", status: 405, code: string(refusal.MethodNotAllowed), check: func(t *testing.T, r reply) {
 			if allow := r.header.Get("Allow"); allow != "GET, HEAD, POST" {
 				t.Errorf("Allow %q, want GET, HEAD, POST", allow)
 			}
 		}},
-		{name: "PostOnHealthz", method: "POST", path: "/healthz", status: 405, code: control.CodeMethodNotAllowed},
-		{name: "UnknownEndpoint", method: "GET", path: "/v2/runs", status: 404, code: control.CodeNotFound, message: "/v2/runs"},
-		{name: "UnknownSubresource", method: "GET", path: "/v1/runs/r1/bogus", status: 404, code: control.CodeNotFound},
-		{name: "ActorTooLong", method: "POST", path: "/v1/runs/r1/cancel", header: map[string]string{control.ActorHeader: strings.Repeat("a", control.MaxActorLen+1)}, status: 400, code: control.CodeInvalidRequest, message: control.ActorHeader},
-		{name: "ActorNotASCII", method: "POST", path: "/v1/runs/r1/cancel", header: map[string]string{control.ActorHeader: "opérateur"}, status: 400, code: control.CodeInvalidRequest, message: "printable"},
+		{name: "PostOnHealthz", method: "POST", path: "/healthz", status: 405, code: string(refusal.MethodNotAllowed)},
+		{name: "UnknownEndpoint", method: "GET", path: "/v2/runs", status: 404, code: string(refusal.NotFound), message: "/v2/runs"},
+		{name: "UnknownSubresource", method: "GET", path: "/v1/runs/r1/bogus", status: 404, code: string(refusal.NotFound)},
+		{name: "ActorTooLong", method: "POST", path: "/v1/runs/r1/cancel", header: map[string]string{control.ActorHeader: strings.Repeat("a", control.MaxActorLen+1)}, status: 400, code: string(refusal.InvalidRequest), message: control.ActorHeader},
+		{name: "ActorNotASCII", method: "POST", path: "/v1/runs/r1/cancel", header: map[string]string{control.ActorHeader: "opérateur"}, status: 400, code: string(refusal.InvalidRequest), message: "printable"},
 		{name: "ActorAtLimit", method: "GET", path: "/v1/runs/r1", header: map[string]string{control.ActorHeader: strings.Repeat("a", control.MaxActorLen)}, status: 200},
 		{name: "NothingWrittenByRefusals", method: "GET", path: "/v1/runs/r1/events", status: 200, check: func(t *testing.T, r reply) {
 			var l control.EventList
@@ -358,17 +351,17 @@ func TestRequestErrors(t *testing.T) {
 }
 
 func TestToken(t *testing.T) {
-	srv := serve(t, openFile(t), "s3cret")
+	srv := serve(t, testkit.FileStore(t), "s3cret")
 	run(t, srv, []spec{
-		{name: "Missing", method: "GET", path: "/v1/runs", status: 401, code: control.CodeUnauthorized, message: "token", check: func(t *testing.T, r reply) {
+		{name: "Missing", method: "GET", path: "/v1/runs", status: 401, code: string(refusal.Unauthorized), message: "token", check: func(t *testing.T, r reply) {
 			if !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
 				t.Errorf("WWW-Authenticate %q", r.header.Get("WWW-Authenticate"))
 			}
 		}},
-		{name: "Wrong", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, header: map[string]string{"Authorization": "Bearer s3cre7"}, status: 401, code: control.CodeUnauthorized},
-		{name: "Prefix", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": "Bearer s3cret-and-more"}, status: 401, code: control.CodeUnauthorized},
-		{name: "NotBearer", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": "Basic czNjcmV0"}, status: 401, code: control.CodeUnauthorized},
-		{name: "UnknownPathStill401", method: "GET", path: "/v1/secret", status: 401, code: control.CodeUnauthorized},
+		{name: "Wrong", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, header: map[string]string{"Authorization": "Bearer s3cre7"}, status: 401, code: string(refusal.Unauthorized)},
+		{name: "Prefix", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": "Bearer s3cret-and-more"}, status: 401, code: string(refusal.Unauthorized)},
+		{name: "NotBearer", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": "Basic czNjcmV0"}, status: 401, code: string(refusal.Unauthorized)},
+		{name: "UnknownPathStill401", method: "GET", path: "/v1/secret", status: 401, code: string(refusal.Unauthorized)},
 		{name: "NothingAdmitted", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": "Bearer s3cret"}, status: 200, check: wantIDs()},
 		{name: "Right", method: "POST", path: "/v1/runs", body: `{"run_id":"r1"}`, header: map[string]string{"Authorization": "Bearer s3cret"}, status: 201},
 		{name: "SchemeAnyCase", method: "GET", path: "/v1/runs/r1", header: map[string]string{"Authorization": "bearer s3cret"}, status: 200},
@@ -380,7 +373,7 @@ func TestToken(t *testing.T) {
 // TestStoreClosed: a store that cannot answer is a 503 with the reason,
 // never a 500; liveness stays up, readiness goes down.
 func TestStoreClosed(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serve(t, store, "")
 	do(t, srv, "POST", "/v1/runs", `{"run_id":"r1"}`, nil)
 	if err := store.Close(); err != nil {
@@ -388,13 +381,13 @@ func TestStoreClosed(t *testing.T) {
 	}
 	run(t, srv, []spec{
 		{name: "Healthz", method: "GET", path: "/healthz", status: 200},
-		{name: "Readyz", method: "GET", path: "/readyz", status: 503, code: control.CodeStoreUnavailable},
-		{name: "Get", method: "GET", path: "/v1/runs/r1", status: 503, code: control.CodeStoreUnavailable},
-		{name: "List", method: "GET", path: "/v1/runs", status: 503, code: control.CodeStoreUnavailable},
-		{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"r2"}`, status: 503, code: control.CodeStoreUnavailable},
-		{name: "Cancel", method: "POST", path: "/v1/runs/r1/cancel", status: 503, code: control.CodeStoreUnavailable},
-		{name: "Complete", method: "POST", path: "/v1/runs/r1/complete", body: `{"cancel_version":1}`, status: 503, code: control.CodeStoreUnavailable},
-		{name: "Audit", method: "GET", path: "/v1/runs/r1/audit", status: 503, code: control.CodeStoreUnavailable},
+		{name: "Readyz", method: "GET", path: "/readyz", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "Get", method: "GET", path: "/v1/runs/r1", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "List", method: "GET", path: "/v1/runs", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"r2"}`, status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "Cancel", method: "POST", path: "/v1/runs/r1/cancel", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "Complete", method: "POST", path: "/v1/runs/r1/complete", body: `{"cancel_version":1}`, status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "Audit", method: "GET", path: "/v1/runs/r1/audit", status: 503, code: string(refusal.StoreUnavailable)},
 	})
 }
 
@@ -405,10 +398,10 @@ type panicky struct{ state.Store }
 func (panicky) Get(context.Context, string) (state.Run, error) { panic("injected") }
 
 func TestPanicIsRecovered(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serve(t, panicky{store}, "")
 	run(t, srv, []spec{
-		{name: "Panics", method: "GET", path: "/v1/runs/r1", status: 500, code: control.CodeInternal, message: "internal error"},
+		{name: "Panics", method: "GET", path: "/v1/runs/r1", status: 500, code: string(refusal.Internal), message: "internal error"},
 		{name: "ServerGoesOn", method: "GET", path: "/v1/runs", status: 200},
 	})
 }

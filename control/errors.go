@@ -2,71 +2,44 @@ package control
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"strings"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
-// httpError is a refusal decided at the edge, before or instead of a store
-// call: its status and code are final.
-type httpError struct {
-	status  int
-	code    string
-	message string
-}
-
-func (e *httpError) Error() string { return e.message }
-
-// writeError maps err to its status and JSON body. A guard refusal is sent
-// as its own body (Refusal). Store errors map by kind: ErrInvalid 400, ErrNotFound 404, *Conflict 409, ErrUnavailable and
-// timeouts 503; anything else is a 500 with the error logged.
+// writeError answers err as the refusal it stands for (package refusal
+// decides the code and the status). A store that did not answer is logged
+// as a warning, a bug (500) with the error; a missing run or intent gets a
+// message naming what the path asked for.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	var refused *refusalError
-	if errors.As(err, &refused) {
-		writeJSON(w, refused.status, refused.body)
-		return
+	rf := refusal.FromError(err)
+	switch rf.Code {
+	case refusal.NotFound:
+		if errors.Is(err, state.ErrNotFound) {
+			rf = h.notFound(r, err)
+		}
+	case refusal.StoreUnavailable:
+		h.log.Warn("control: store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+	case refusal.Internal:
+		h.log.Error("control: unexpected error", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	status, body := h.errorBody(r, err)
-	writeJSON(w, status, body)
+	rf.WriteHTTP(w)
 }
 
-func (h *Handler) errorBody(r *http.Request, err error) (int, Error) {
-	var he *httpError
-	var conflict *state.Conflict
-	switch {
-	case errors.As(err, &he):
-		return he.status, Error{Code: he.code, Message: he.message}
-	case errors.As(err, &conflict):
-		run := normRun(conflict.Run)
-		return http.StatusConflict, Error{Code: conflict.Code, Message: conflict.Error(), Run: &run}
-	case errors.Is(err, state.ErrInvalid):
-		return http.StatusBadRequest, Error{Code: CodeInvalidRequest, Message: err.Error()}
-	case errors.Is(err, state.ErrNotFound):
-		msg := err.Error()
-		if id, key := r.PathValue("run"), r.PathValue("key"); key != "" {
-			// Not every store tells a missing run from a missing intent.
-			msg = fmt.Sprintf("run %s has no intent %s (or the run was never admitted)", id, key)
-		} else if id != "" {
-			msg = fmt.Sprintf("run %s not found: it was never admitted nor cancelled", id)
-		}
-		return http.StatusNotFound, Error{Code: CodeNotFound, Message: msg}
-	case errors.Is(err, state.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		h.log.Warn("control: store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
-		return http.StatusServiceUnavailable, Error{Code: CodeStoreUnavailable, Message: "the store did not answer: " + err.Error()}
-	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client went away; nobody reads this answer.
-		return http.StatusServiceUnavailable, Error{Code: CodeStoreUnavailable, Message: "request cancelled by the client"}
-	default:
-		h.log.Error("control: unexpected error", "method", r.Method, "path", r.URL.Path, "err", err)
-		return http.StatusInternalServerError, Error{Code: CodeInternal, Message: err.Error()}
+func (h *Handler) notFound(r *http.Request, err error) *refusal.Refusal {
+	// Not every store tells a missing run from a missing intent.
+	if id, key := r.PathValue("run"), r.PathValue("key"); key != "" {
+		return refusal.Wrap(err, refusal.NotFound, "run %s has no intent %s (or the run was never admitted)", id, key)
+	} else if id != "" {
+		return refusal.Wrap(err, refusal.NotFound, "run %s not found: it was never admitted nor cancelled", id)
 	}
+	return refusal.Wrap(err, refusal.NotFound, "%v", err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, body any) {
@@ -74,9 +47,8 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	if err := json.NewEncoder(&buf).Encode(body); err != nil {
 		// Every body here is a plain struct of this package or of state;
 		// failing to encode one is a bug, reported without a second try.
-		status = http.StatusInternalServerError
-		buf.Reset()
-		fmt.Fprintf(&buf, "{\"error\":%q,\"message\":%q}\n", CodeInternal, "encoding the answer failed: "+err.Error())
+		refusal.Wrap(err, refusal.Internal, "encoding the answer failed: %v", err).WriteHTTP(w)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
@@ -113,7 +85,7 @@ func decode(r *http.Request, dst any) error {
 	var extra json.RawMessage
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err == nil {
-			return &httpError{http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: more than one value in the body; send one object"}
+			return refusal.New(refusal.InvalidJSON, "invalid JSON: more than one value in the body; send one object")
 		}
 		return decodeError(err)
 	}
@@ -121,7 +93,7 @@ func decode(r *http.Request, dst any) error {
 }
 
 func tooLarge() error {
-	return &httpError{http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes)}
+	return refusal.New(refusal.BodyTooLarge, "request body is larger than %d bytes", MaxBodyBytes)
 }
 
 // checkContentType accepts JSON (application/json or any +json type) and
@@ -134,7 +106,7 @@ func checkContentType(ct string) error {
 	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
 		return nil
 	}
-	return &httpError{http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, fmt.Sprintf("Content-Type %q is not JSON; send application/json", ct)}
+	return refusal.New(refusal.UnsupportedMediaType, "Content-Type %q is not JSON; send application/json", ct)
 }
 
 func decodeError(err error) error {
@@ -145,22 +117,22 @@ func decodeError(err error) error {
 	case errors.As(err, &maxErr):
 		return tooLarge()
 	case errors.As(err, &syntaxErr):
-		return &httpError{http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf("invalid JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)}
+		return refusal.New(refusal.InvalidJSON, "invalid JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &httpError{http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: the body ends in the middle of a value"}
+		return refusal.New(refusal.InvalidJSON, "invalid JSON: the body ends in the middle of a value")
 	case errors.As(err, &typeErr):
 		if typeErr.Field == "" {
-			return &httpError{http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf("invalid JSON: want an object, got %s", typeErr.Value)}
+			return refusal.New(refusal.InvalidJSON, "invalid JSON: want an object, got %s", typeErr.Value)
 		}
-		return &httpError{http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf("field %s: want %s, got %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)}
+		return refusal.New(refusal.InvalidJSON, "field %s: want %s, got %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
 	}
 	msg := err.Error()
 	// encoding/json reports unknown fields only by message.
 	if field, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return &httpError{http.StatusBadRequest, CodeUnknownField, "unknown field " + field}
+		return refusal.New(refusal.UnknownField, "%s", "unknown field "+field)
 	}
 	// Errors of a field's own UnmarshalJSON (drain_timeout) name the field.
-	return &httpError{http.StatusBadRequest, CodeInvalidJSON, strings.TrimPrefix(msg, "json: ")}
+	return refusal.New(refusal.InvalidJSON, "%s", strings.TrimPrefix(msg, "json: "))
 }
 
 func jsonKind(goKind string) string {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state/redisstore"
 )
 
@@ -29,8 +29,8 @@ func TestWalkOnRedisStore(t *testing.T) {
 	redis.Kill()
 	run(t, srv, []spec{
 		{name: "HealthzWithRedisDown", method: "GET", path: "/healthz", status: 200},
-		{name: "ReadyzWithRedisDown", method: "GET", path: "/readyz", status: 503, code: control.CodeStoreUnavailable},
-		{name: "GetWithRedisDown", method: "GET", path: "/v1/runs/r1", status: 503, code: control.CodeStoreUnavailable},
-		{name: "CancelWithRedisDown", method: "POST", path: "/v1/runs/r9/cancel", status: 503, code: control.CodeStoreUnavailable},
+		{name: "ReadyzWithRedisDown", method: "GET", path: "/readyz", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "GetWithRedisDown", method: "GET", path: "/v1/runs/r1", status: 503, code: string(refusal.StoreUnavailable)},
+		{name: "CancelWithRedisDown", method: "POST", path: "/v1/runs/r9/cancel", status: 503, code: string(refusal.StoreUnavailable)},
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -141,9 +142,9 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 		return nil
 	}
 	h.log.Warn("control: webhook resolve refused", "run", runID, "key", key, "source", body.Source, "reason", reason, "remote", r.RemoteAddr)
-	return &httpError{http.StatusUnauthorized, CodeBadSignature, fmt.Sprintf(
+	return refusal.New(refusal.BadSignature,
 		"%s is not a valid sha256=<hex HMAC-SHA256 of the body> under the secret of source %q for intent %s of run %s: nothing was changed",
-		SignatureHeader, body.Source, key, runID)}
+		SignatureHeader, body.Source, key, runID)
 }
 
 // parseSignature reads the one "sha256=<hex>" value of the header.

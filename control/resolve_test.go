@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -19,7 +21,7 @@ func sign(secret, body string) string {
 }
 
 func TestResolveByOperator(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		srv := serve(t, store, "")
 		run(t, srv, []spec{
 			{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"u1"}`, status: 201},
@@ -32,11 +34,11 @@ func TestResolveByOperator(t *testing.T) {
 			{name: "MailDone", method: "PATCH", path: "/v1/runs/u1/intents/mail-1", body: `{"outcome":"responded"}`, status: 200},
 			{name: "RunUnknown", method: "GET", path: "/v1/runs/u1", status: 200, check: wantRun(state.StatusUnknown, 2)},
 			{name: "BadOutcome", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", body: `{"outcome":"yes"}`, status: 400,
-				code: control.CodeInvalidRequest, message: `outcome "yes"`},
-			{name: "NoOutcome", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", status: 400, code: control.CodeInvalidRequest, message: "outcome is required"},
+				code: string(refusal.InvalidRequest), message: `outcome "yes"`},
+			{name: "NoOutcome", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", status: 400, code: string(refusal.InvalidRequest), message: "outcome is required"},
 			{name: "OtherRunInBody", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", body: `{"outcome":"applied","run_id":"u2"}`, status: 400,
-				code: control.CodeInvalidRequest, message: "run_id"},
-			{name: "UnknownKey", method: "POST", path: "/v1/runs/u1/intents/nope/resolve", body: `{"outcome":"applied"}`, status: 404, code: control.CodeNotFound},
+				code: string(refusal.InvalidRequest), message: "run_id"},
+			{name: "UnknownKey", method: "POST", path: "/v1/runs/u1/intents/nope/resolve", body: `{"outcome":"applied"}`, status: 404, code: string(refusal.NotFound)},
 			{name: "StillUnknown", method: "GET", path: "/v1/runs/u1/intents/charge-1", status: 200, check: wantIntent("charge-1", state.IntentUnknown)},
 			{name: "NotApplied", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", header: operator,
 				body: `{"outcome":"not_applied","note":"provider dashboard shows no charge"}`, status: 200,
@@ -65,7 +67,7 @@ func TestResolveByOperator(t *testing.T) {
 // TestWebhookResolve: a provider holds no bearer token; its signature
 // stands in for it on the resolve path only, and a bad one changes nothing.
 func TestWebhookResolve(t *testing.T) {
-	onBothStores(t, func(t *testing.T, store state.Store) {
+	testkit.OnBothStores(t, func(t *testing.T, store state.Store) {
 		secrets := map[string][]byte{"stripe": []byte("whsec_stripe"), "empty": nil}
 		srv := serveOpts(t, control.Options{Store: store, Token: "s3cret", WebhookSecret: func(source string) ([]byte, bool) {
 			s, ok := secrets[source]
@@ -87,20 +89,20 @@ func TestWebhookResolve(t *testing.T) {
 		before := eventKinds(t, store, "w1")
 
 		refused := []spec{
-			{name: "WrongSecret", body: good, header: sig(sign("whsec_other", good)), code: control.CodeBadSignature},
+			{name: "WrongSecret", body: good, header: sig(sign("whsec_other", good)), code: string(refusal.BadSignature)},
 			{name: "TamperedBody", body: `{"outcome":"not_applied","source":"stripe","note":"evt_123 charge.succeeded","run_id":"w1","key":"ch_1"}`,
-				header: sig(sign("whsec_stripe", good)), code: control.CodeBadSignature},
+				header: sig(sign("whsec_stripe", good)), code: string(refusal.BadSignature)},
 			{name: "UnknownSource", body: `{"outcome":"applied","source":"paypal","run_id":"w1","key":"ch_1"}`,
-				header: sig(sign("whsec_stripe", `{"outcome":"applied","source":"paypal","run_id":"w1","key":"ch_1"}`)), code: control.CodeBadSignature},
+				header: sig(sign("whsec_stripe", `{"outcome":"applied","source":"paypal","run_id":"w1","key":"ch_1"}`)), code: string(refusal.BadSignature)},
 			{name: "SourceWithoutSecret", body: `{"outcome":"applied","source":"empty","run_id":"w1","key":"ch_1"}`,
-				header: sig(sign("", `{"outcome":"applied","source":"empty","run_id":"w1","key":"ch_1"}`)), code: control.CodeBadSignature},
-			{name: "EmptySignature", body: good, header: sig(" "), code: control.CodeBadSignature},
-			{name: "NotSHA256", body: good, header: sig("sha1=" + sign("whsec_stripe", good)[len("sha256="):]), code: control.CodeBadSignature},
-			{name: "NotHex", body: good, header: sig("sha256=zz"), code: control.CodeBadSignature},
-			{name: "ReplayedForAnotherIntent", body: forOther, header: sig(sign("whsec_stripe", forOther)), code: control.CodeBadSignature},
-			{name: "MissingSignatureWithoutToken", body: good, code: control.CodeUnauthorized},
+				header: sig(sign("", `{"outcome":"applied","source":"empty","run_id":"w1","key":"ch_1"}`)), code: string(refusal.BadSignature)},
+			{name: "EmptySignature", body: good, header: sig(" "), code: string(refusal.BadSignature)},
+			{name: "NotSHA256", body: good, header: sig("sha1=" + sign("whsec_stripe", good)[len("sha256="):]), code: string(refusal.BadSignature)},
+			{name: "NotHex", body: good, header: sig("sha256=zz"), code: string(refusal.BadSignature)},
+			{name: "ReplayedForAnotherIntent", body: forOther, header: sig(sign("whsec_stripe", forOther)), code: string(refusal.BadSignature)},
+			{name: "MissingSignatureWithoutToken", body: good, code: string(refusal.Unauthorized)},
 			{name: "TokenDoesNotSaveABadSignature", body: good, header: map[string]string{"Authorization": "Bearer s3cret", control.SignatureHeader: "sha256=00"},
-				code: control.CodeBadSignature},
+				code: string(refusal.BadSignature)},
 		}
 		for i := range refused {
 			refused[i].method, refused[i].path, refused[i].status, refused[i].message = "POST", path, 401, ""
@@ -110,11 +112,11 @@ func TestWebhookResolve(t *testing.T) {
 		goodCancel := `{"reason":"x"}`
 		refused = append(refused,
 			spec{name: "SignatureOpensNoOtherPath", method: "POST", path: "/v1/runs/w1/cancel", body: goodCancel,
-				header: sig(sign("whsec_stripe", goodCancel)), status: 401, code: control.CodeUnauthorized},
+				header: sig(sign("whsec_stripe", goodCancel)), status: 401, code: string(refusal.Unauthorized)},
 			spec{name: "SignatureOpensNoOtherMethod", method: "GET", path: path, header: sig(sign("whsec_stripe", "")),
-				status: 401, code: control.CodeUnauthorized},
+				status: 401, code: string(refusal.Unauthorized)},
 			spec{name: "SignatureOpensNoCleanedPath", method: "POST", path: "/v1/runs/w1/intents/ch_1/resolve/../../../../w1/cancel", body: goodCancel,
-				header: sig(sign("whsec_stripe", goodCancel)), status: 401, code: control.CodeUnauthorized},
+				header: sig(sign("whsec_stripe", goodCancel)), status: 401, code: string(refusal.Unauthorized)},
 		)
 		run(t, srv, refused)
 		if in := intentState(t, store, "w1", "ch_1"); in.State != state.IntentUnknown {
@@ -126,7 +128,7 @@ func TestWebhookResolve(t *testing.T) {
 
 		run(t, srv, []spec{
 			{name: "SignedMissingBinding", method: "POST", path: path, body: `{"outcome":"applied","source":"stripe"}`,
-				header: sig(sign("whsec_stripe", `{"outcome":"applied","source":"stripe"}`)), status: 400, code: control.CodeInvalidRequest, message: "run_id and key"},
+				header: sig(sign("whsec_stripe", `{"outcome":"applied","source":"stripe"}`)), status: 400, code: string(refusal.InvalidRequest), message: "run_id and key"},
 			{name: "GoodSignature", method: "POST", path: path, body: good, header: sig(sign("whsec_stripe", good)), status: 200,
 				check: wantIntent("ch_1", state.IntentApplied, func(t *testing.T, in state.Intent) {
 					if in.Source != "stripe" || in.Note != "evt_123 charge.succeeded" {
@@ -154,12 +156,12 @@ func TestWebhookResolve(t *testing.T) {
 // TestWebhookWithoutSources: with no webhook source configured, every
 // signed request is refused, token or not.
 func TestWebhookWithoutSources(t *testing.T) {
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serve(t, store, "")
 	body := `{"outcome":"applied","source":"stripe","run_id":"n1","key":"k"}`
 	run(t, srv, []spec{
 		{name: "Admit", method: "POST", path: "/v1/runs", body: `{"run_id":"n1"}`, status: 201},
 		{name: "Signed", method: "POST", path: "/v1/runs/n1/intents/k/resolve", body: body,
-			header: map[string]string{control.SignatureHeader: sign("anything", body)}, status: 401, code: control.CodeBadSignature},
+			header: map[string]string{control.SignatureHeader: sign("anything", body)}, status: 401, code: string(refusal.BadSignature)},
 	})
 }

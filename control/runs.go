@@ -1,7 +1,6 @@
 package control
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -29,23 +28,15 @@ func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
 	if err := req.Validate(); err != nil {
 		return 0, nil, err
 	}
-	// The store's Admit does not say whether it created the row; a read
-	// before it does, for the status code only. Two admits racing on a new
-	// id may both answer 201; the row is the same either way.
-	_, err := h.store.Get(r.Context(), req.RunID)
-	existed := err == nil
-	if err != nil && !errors.Is(err, state.ErrNotFound) {
-		return 0, nil, fmt.Errorf("read run %s: %w", req.RunID, err)
-	}
-	run, err := h.store.Admit(r.Context(), req)
+	res, err := h.store.Admit(r.Context(), req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("admit run %s: %w", req.RunID, err)
 	}
-	if existed {
-		return http.StatusOK, normRun(run), nil
+	if !res.Created {
+		return http.StatusOK, normRun(res.Run), nil
 	}
-	h.log.Info("run admitted", "run", run.ID, "actor", actor)
-	return http.StatusCreated, normRun(run), nil
+	h.log.Info("run admitted", "run", res.Run.ID, "actor", actor)
+	return http.StatusCreated, normRun(res.Run), nil
 }
 
 func (h *Handler) list(r *http.Request, _ string) (int, any, error) {
@@ -80,7 +71,7 @@ func (h *Handler) get(r *http.Request, _ string) (int, any, error) {
 }
 
 // cancel answers 202: the cancel has committed, but the run drains (and a
-// finalizer moves it on) after the answer.
+// sweeper moves it on) after the answer.
 func (h *Handler) cancel(r *http.Request, actor string) (int, any, error) {
 	id, err := runID(r)
 	if err != nil {

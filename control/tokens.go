@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -36,7 +37,7 @@ type TokenResponse struct {
 // that can start no work gets no credential to try.
 func (h *Handler) issueToken(r *http.Request, _ string) (int, any, error) {
 	if h.tokens == nil {
-		return 0, nil, &httpError{http.StatusNotFound, CodeNotFound, "this stopgate issues no run tokens: start serve with --run-token-secret"}
+		return 0, nil, refusal.New(refusal.NotFound, "this stopgate issues no run tokens: start serve with --run-token-secret")
 	}
 	id, err := runID(r)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
@@ -14,7 +15,7 @@ func TestRunTokenIsIssuedForAnActiveRunOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := openFile(t)
+	store := testkit.FileStore(t)
 	srv := serveOpts(t, control.Options{Store: store, Tokens: signer})
 	issued := func(t *testing.T, r reply) {
 		t.Helper()

@@ -62,7 +62,7 @@ func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
 		opts.LeaseTTL = 15 * time.Second
 	}
 	if opts.StoreTimeout <= 0 {
-		opts.StoreTimeout = 2 * time.Second
+		opts.StoreTimeout = state.DefaultTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -72,9 +72,6 @@ func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
 		log: opts.Logger, held: map[state.IntentRef]struct{}{},
 	}
 }
-
-// Owner is the name this ledger leases intents under.
-func (l *Ledger) Owner() string { return l.owner }
 
 // Begin runs the guard for one effect. An admitted IN_FLIGHT intent is
 // leased to this ledger until Finish. A store that does not answer within
@@ -142,8 +139,8 @@ func (l *Ledger) renew(ctx context.Context) {
 	if len(refs) == 0 {
 		return
 	}
-	_, err := storeCall(ctx, l.timeout, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, l.store.Renew(ctx, l.owner, l.ttl, refs)
+	_, err := storeCall(ctx, l.timeout, func(ctx context.Context) (state.RenewResult, error) {
+		return l.store.Renew(ctx, state.RenewRequest{Owner: l.owner, TTL: l.ttl, Refs: refs})
 	})
 	if err != nil {
 		l.log.Warn("lease renewal failed; leases expire into UNKNOWN if this persists", "owner", l.owner, "intents", len(refs), "err", err)

@@ -64,7 +64,7 @@ func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
 		t.Fatalf("held %v", l.Held())
 	}
 	time.Sleep(500 * time.Millisecond) // more than three TTLs
-	if _, err := s.Tick(ctx, "r", "t"); err != nil {
+	if _, err := s.Tick(ctx, state.TickRequest{RunID: "r", Actor: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	if in, _ := s.Intent(ctx, "r", "k"); in.State != state.IntentInFlight {

@@ -179,7 +179,7 @@ func (r *Reconciler) logger() *slog.Logger {
 // instead of stalling it.
 func storeCall[T any](ctx context.Context, timeout time.Duration, f func(context.Context) (T, error)) (T, error) {
 	if timeout <= 0 {
-		timeout = 2 * time.Second
+		timeout = state.DefaultTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

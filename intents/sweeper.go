@@ -57,7 +57,9 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		_, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) { return s.Store.Tick(ctx, id, s.Actor) })
+		_, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) {
+			return s.Store.Tick(ctx, state.TickRequest{RunID: id, Actor: s.Actor})
+		})
 		if err != nil && !errors.Is(err, state.ErrNotFound) {
 			log.Warn("sweep: tick failed", "run", id, "err", err)
 		}

@@ -33,13 +33,20 @@ func (b *spooledBody) Close() error {
 	return nil
 }
 
+// errBodyIncomplete is a body that ended before its framing said it would
+// (a Content-Length not reached, a chunked body without its last chunk):
+// forwarding it would send the upstream a request the client never finished.
+var errBodyIncomplete = errors.New("the request body ended before its framing said it would (client gave up mid-body?)")
+
 // spool reads r to its end (at most limit bytes), computing its SHA-256.
+// Only a clean io.EOF ends a body: any other error, io.ErrUnexpectedEOF
+// from a truncated framing included, refuses it.
 func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 	h := sha256.New()
 	head := make([]byte, memoryBodyLimit+1)
-	n, err := io.ReadFull(io.TeeReader(r, h), head)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("read request body: %w", err)
+	n, err := readFull(io.TeeReader(r, h), head)
+	if err != nil {
+		return nil, bodyError(err)
 	}
 	if n <= memoryBodyLimit {
 		if int64(n) > limit {
@@ -56,7 +63,7 @@ func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 	written, err := io.Copy(f, io.LimitReader(io.MultiReader(bytes.NewReader(head[:n]), io.TeeReader(r, h)), limit+1))
 	if err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("spool request body: %w", err)
+		return nil, bodyError(err)
 	}
 	if written > limit {
 		_ = f.Close()
@@ -67,4 +74,29 @@ func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 		return nil, fmt.Errorf("rewind spooled body: %w", err)
 	}
 	return &spooledBody{Reader: f, size: written, digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), file: f}, nil
+}
+
+// readFull reads into buf until it is full or the reader ends. Unlike
+// io.ReadFull it passes on the reader's own error: a short body that ends
+// cleanly is io.EOF (nil here), a truncated one io.ErrUnexpectedEOF.
+func readFull(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func bodyError(err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("read request body: %w: %w", errBodyIncomplete, err)
+	}
+	return fmt.Errorf("read request body: %w", err)
 }

@@ -16,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -60,7 +61,7 @@ func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 			}
 			d := endsWithin(t, lines, time.Second, func() { e.cancel("s1", time.Minute) })
 			t.Logf("stream ended %v after the cancel", d)
-			in := e.intent("s1", resp.Header.Get(proxy.HeaderIntent))
+			in := e.intent("s1", resp.Header.Get(refusal.IntentHeader))
 			if in.State != state.IntentResponded || in.StatusCode != 200 {
 				t.Fatalf("the provider answered before the cut: want RESPONDED 200, got %+v", in)
 			}
@@ -98,7 +99,7 @@ func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
 
 	// The upstream's own certificate is trusted: the tunnel is not intercepted.
 	resp, body := do(t, c, "GET", "https://"+addr+"/", nil, nil)
-	if resp.StatusCode != 200 || string(body) != "secret inside" || resp.Header.Get(proxy.HeaderIntent) != "" {
+	if resp.StatusCode != 200 || string(body) != "secret inside" || resp.Header.Get(refusal.IntentHeader) != "" {
 		t.Fatalf("through the tunnel: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
 	// A second client: a second tunnel.
@@ -123,7 +124,7 @@ func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
 
 	d := endsWithin(t, lines, time.Second, func() { e.cancel("p1", time.Minute) })
 	t.Logf("tunnel cut %v after the cancel", d)
-	eventually(t, 2*time.Second, "cut tunnel recorded UNKNOWN", func() bool {
+	testkit.Eventually(t, 2*time.Second, "cut tunnel recorded UNKNOWN", func() bool {
 		return e.intent("p1", tunnels[1].Key).State == state.IntentUnknown
 	})
 
@@ -138,7 +139,7 @@ func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if refused.StatusCode != 409 || refused.Header.Get(proxy.HeaderRefusal) != "run_not_active" {
+	if refused.StatusCode != 409 || refused.Header.Get(refusal.Header) != "run_not_active" {
 		t.Fatalf("CONNECT after cancel: %d %v", refused.StatusCode, refused.Header)
 	}
 }
@@ -156,7 +157,7 @@ func TestUnsafeInFlightRequestMayFinishWithinDrain(t *testing.T) {
 		resp, _ := do(t, e.client("d1", 1), "POST", up.URL+"/slow", strings.NewReader("x"), nil)
 		done <- resp
 	}()
-	eventually(t, 5*time.Second, "request in flight", func() bool { return up.hits.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "request in flight", func() bool { return up.Hits.Load() == 1 })
 	e.cancel("d1", 30*time.Second)
 	time.Sleep(400 * time.Millisecond) // two re-check intervals: nothing may cut it
 	close(release)
@@ -164,7 +165,7 @@ func TestUnsafeInFlightRequestMayFinishWithinDrain(t *testing.T) {
 	if resp.StatusCode != 202 {
 		t.Fatalf("in-flight POST admitted before the cancel: %d, want the upstream's 202", resp.StatusCode)
 	}
-	if in := e.intent("d1", resp.Header.Get(proxy.HeaderIntent)); in.State != state.IntentResponded {
+	if in := e.intent("d1", resp.Header.Get(refusal.IntentHeader)); in.State != state.IntentResponded {
 		t.Fatalf("intent %+v", in)
 	}
 }
@@ -180,7 +181,7 @@ func TestUnsafeInFlightRequestIsCutAtDrainDeadlineAsUnknown(t *testing.T) {
 		_, body := do(t, e.client("d2", 1), "POST", up.URL+"/hang", strings.NewReader("x"), nil)
 		done <- body
 	}()
-	eventually(t, 5*time.Second, "request in flight", func() bool { return up.hits.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "request in flight", func() bool { return up.Hits.Load() == 1 })
 	e.cancel("d2", 300*time.Millisecond)
 	var body []byte
 	select {
@@ -212,7 +213,7 @@ func TestDeliveryDestinationOutlivesActiveButNotCancelled(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("delivery while CANCELLING: %d", resp.StatusCode)
 	}
-	in := e.intent("dl", resp.Header.Get(proxy.HeaderIntent))
+	in := e.intent("dl", resp.Header.Get(refusal.IntentHeader))
 	if in.Boundary != state.BoundaryDelivery || in.State != state.IntentResponded {
 		t.Fatalf("delivery intent %+v", in)
 	}
@@ -221,15 +222,15 @@ func TestDeliveryDestinationOutlivesActiveButNotCancelled(t *testing.T) {
 		t.Fatalf("an ordinary destination while CANCELLING: %d", resp.StatusCode)
 	}
 
-	if r, err := e.store.Tick(context.Background(), "dl", "test"); err != nil || r.Status != state.StatusCancelled {
+	if r, err := e.store.Tick(context.Background(), state.TickRequest{RunID: "dl", Actor: "test"}); err != nil || r.Status != state.StatusCancelled {
 		t.Fatalf("tick: %v %+v", err, r)
 	}
 	resp, body := do(t, e.client("dl", 1), "POST", hook.URL+"/status", strings.NewReader(`{"status":"cancelled"}`), nil)
 	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Status != "CANCELLED" {
 		t.Fatalf("delivery once CANCELLED: %d %s", resp.StatusCode, body)
 	}
-	if hook.hits.Load() != 1 || other.hits.Load() != 0 {
-		t.Fatalf("hook hits %d (want 1), other hits %d (want 0)", hook.hits.Load(), other.hits.Load())
+	if hook.Hits.Load() != 1 || other.Hits.Load() != 0 {
+		t.Fatalf("hook hits %d (want 1), other hits %d (want 0)", hook.Hits.Load(), other.Hits.Load())
 	}
 }
 
@@ -296,7 +297,7 @@ func TestAnswerToUnsafeRequestReachesClientAfterCancel(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	e.cancel("ans", time.Minute)
-	if r, err := e.store.Tick(context.Background(), "ans", "test"); err != nil || r.Status != state.StatusCancelled {
+	if r, err := e.store.Tick(context.Background(), state.TickRequest{RunID: "ans", Actor: "test"}); err != nil || r.Status != state.StatusCancelled {
 		t.Fatalf("tick: %+v %v", r, err)
 	}
 	body, err := io.ReadAll(resp.Body)

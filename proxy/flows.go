@@ -7,7 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // flow is one admitted effect this instance is carrying: a request on its
@@ -15,9 +18,10 @@ import (
 // registry of flows is how a cancel reaches connections that goproxy has
 // already handed off.
 type flow struct {
-	id     identity
-	intent state.Intent
-	method string
+	id       identity
+	intent   state.Intent
+	boundary state.Boundary
+	method   string
 	// allowCancelling: a delivery destination that a CANCELLING run may still reach.
 	allowCancelling bool
 	tunnel          bool
@@ -44,14 +48,16 @@ func safeMethod(m string) bool {
 	return false
 }
 
+// flowSet is the registry of open flows, by run. It is the proxy's
+// runwatch.Holder: the watcher hands it the rows of the runs it holds.
 type flowSet struct {
-	mu     sync.Mutex
-	byRun  map[string]map[*flow]struct{}
-	timers map[string]*time.Timer
+	mu    sync.Mutex
+	byRun map[string]map[*flow]struct{}
+	open  prometheus.Gauge
 }
 
-func newFlowSet() *flowSet {
-	return &flowSet{byRun: map[string]map[*flow]struct{}{}, timers: map[string]*time.Timer{}}
+func newFlowSet(m *telemetry.Metrics) *flowSet {
+	return &flowSet{byRun: map[string]map[*flow]struct{}{}, open: m.Open.WithLabelValues("flows")}
 }
 
 func (s *flowSet) add(f *flow) {
@@ -63,23 +69,32 @@ func (s *flowSet) add(f *flow) {
 		s.byRun[f.id.run] = m
 	}
 	m[f] = struct{}{}
+	s.open.Inc()
 }
 
 func (s *flowSet) remove(f *flow) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.byRun[f.id.run]
+	if _, ok := m[f]; !ok {
+		return
+	}
 	delete(m, f)
+	s.open.Dec()
 	if len(m) == 0 {
 		delete(s.byRun, f.id.run)
-		if t := s.timers[f.id.run]; t != nil {
-			t.Stop()
-			delete(s.timers, f.id.run)
-		}
 	}
 }
 
-func (s *flowSet) runs() []string {
+// Holds reports whether a flow of run is open.
+func (s *flowSet) Holds(run string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byRun[run]) > 0
+}
+
+// Runs lists the runs with open flows.
+func (s *flowSet) Runs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.byRun))
@@ -89,67 +104,52 @@ func (s *flowSet) runs() []string {
 	return out
 }
 
-func (s *flowSet) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, m := range s.byRun {
-		n += len(m)
-	}
-	return n
-}
-
-// enforce applies the run's row to its open flows: nothing while ACTIVE;
+// Enforce applies the run's row to its open flows: nothing while ACTIVE;
 // while CANCELLING, tunnels, streams and safe requests are cut at once and
 // unsafe requests may finish until the drain deadline (delivery
-// destinations until the run leaves CANCELLING); once the run is anything
-// else, everything left is cut, but for answers to unsafe requests still
-// on their way back, which keep their drain. It returns the drain deadline
-// still to wait for, if any.
-func (s *flowSet) enforce(run state.Run, now time.Time) (wait time.Time) {
+// destinations until the run leaves CANCELLING); once the run is over,
+// everything left is cut, but for answers to unsafe requests still on
+// their way back, which keep their drain. The watcher reads the row again
+// at the drain deadline.
+func (s *flowSet) Enforce(run state.Run) {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for f := range s.byRun[run.ID] {
-		reason, waiting := cutReason(f, run, now)
-		if waiting {
-			wait = run.DrainDeadline
-		}
-		if reason != "" {
+		if reason := cutReason(f, run, now); reason != "" {
 			f.cut(&cutError{reason: reason})
 		}
 	}
-	return wait
 }
 
-// cutReason says why f must be cut now ("" if not), and whether it waits
-// for the run's drain deadline.
-func cutReason(f *flow, run state.Run, now time.Time) (reason string, waiting bool) {
+// cutReason says why f must be cut now ("" if not).
+func cutReason(f *flow, run state.Run, now time.Time) string {
 	if run.Status == state.StatusActive {
-		return "", false
+		return ""
 	}
 	draining := now.Before(run.DrainDeadline)
 	unsafe := !f.tunnel && !f.streaming.Load() && !safeMethod(f.method)
 	// The effect has happened: its answer may reach the agent, whatever the
 	// run became meanwhile (drained runs are CANCELLED at once).
 	if unsafe && f.answered.Load() && draining {
-		return "", true
+		return ""
 	}
-	if run.Status != state.StatusCancelling {
-		return "run_" + string(run.Status), false
+	if run.Over() {
+		return "run_" + string(run.Status)
 	}
 	switch {
 	case f.allowCancelling:
-		return "", false
+		return ""
 	case f.tunnel:
-		return "run_cancelled: pass-through tunnel", false
+		return "run_cancelled: pass-through tunnel"
 	case f.streaming.Load():
-		return "run_cancelled: response stream", false
+		return "run_cancelled: response stream"
 	case safeMethod(f.method):
-		return "run_cancelled: safe request", false
+		return "run_cancelled: safe request"
 	case !draining:
-		return "drain_timeout", false
+		return "drain_timeout"
 	}
-	return "", true
+	return ""
 }
 
 func (s *flowSet) cutAll(reason string) {
@@ -160,19 +160,4 @@ func (s *flowSet) cutAll(reason string) {
 			f.cut(&cutError{reason: reason})
 		}
 	}
-}
-
-// armTimer makes sure the run is enforced again at its drain deadline.
-func (s *flowSet) armTimer(run string, at time.Time, fire func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.timers[run]; ok || len(s.byRun[run]) == 0 {
-		return
-	}
-	s.timers[run] = time.AfterFunc(time.Until(at)+10*time.Millisecond, func() {
-		s.mu.Lock()
-		delete(s.timers, run)
-		s.mu.Unlock()
-		fire()
-	})
 }

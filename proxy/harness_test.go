@@ -7,66 +7,27 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/state/filestore"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
-// upstream is a real HTTP(S) server on loopback that counts what reaches it.
-type upstream struct {
-	*httptest.Server
-	hits    atomic.Int64
-	mu      sync.Mutex
-	headers []http.Header
-	bodies  [][]byte
-	handler http.HandlerFunc
-}
-
-func newUpstream(t testing.TB, tlsOn bool, handler http.HandlerFunc) *upstream {
-	t.Helper()
-	u := &upstream{handler: handler}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.hits.Add(1)
-		body, _ := io.ReadAll(r.Body)
-		u.mu.Lock()
-		u.headers = append(u.headers, r.Header.Clone())
-		u.bodies = append(u.bodies, body)
-		u.mu.Unlock()
-		if u.handler != nil {
-			u.handler(w, r)
-			return
-		}
-		fmt.Fprintf(w, "hello %s %s", r.Method, r.URL.Path)
-	})
-	if tlsOn {
-		u.Server = httptest.NewTLSServer(h)
-	} else {
-		u.Server = httptest.NewServer(h)
-	}
-	t.Cleanup(u.Close)
-	return u
-}
-
-func (u *upstream) lastHeader() http.Header {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.headers) == 0 {
-		return nil
-	}
-	return u.headers[len(u.headers)-1]
+func newUpstream(t testing.TB, tlsOn bool, handler http.HandlerFunc) *testkit.Upstream {
+	return testkit.NewUpstream(t, tlsOn, handler)
 }
 
 // env is one stopgate proxy on a real loopback listener, over a real store.
@@ -91,22 +52,14 @@ type envOptions struct {
 	roots       *x509.CertPool
 	tokens      *runtoken.Signer
 	requireTok  bool
-}
-
-func newFileStore(t testing.TB) state.Store {
-	t.Helper()
-	s, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	// registry, if set, receives the proxy's metrics.
+	registry prometheus.Registerer
 }
 
 func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
 	if opts.store == nil {
-		opts.store = newFileStore(t)
+		opts.store = testkit.FileStore(t)
 	}
 	dir := t.TempDir()
 	ca, err := proxy.LoadOrCreateCA(dir)
@@ -128,18 +81,20 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if ttl == 0 {
 		ttl = 15 * time.Second
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := testkit.Logger()
 	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: time.Second, Logger: log})
+	watcher := runwatch.New(opts.store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log})
+	tel := telemetry.New(telemetry.Options{Logger: log, Registry: opts.registry})
 	p, err := proxy.New(proxy.Config{
-		Store: opts.store, Ledger: ledger, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
+		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
 		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
-		RecheckInterval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log,
+		Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go p.Run(ctx)
+	go watcher.Run(ctx)
 	go ledger.Run(ctx)
 	srv := httptest.NewServer(p)
 	t.Cleanup(func() { cancel(); srv.Close() })
@@ -188,7 +143,7 @@ func (e *env) admit(run string) state.Run {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return r
+	return r.Run
 }
 
 func (e *env) cancel(run string, drain time.Duration) state.Run {
@@ -258,17 +213,4 @@ func decodeRefusal(t *testing.T, b []byte) refusalBody {
 		t.Fatalf("refusal is not JSON: %v: %s", err, b)
 	}
 	return r
-}
-
-// eventually polls cond every 20ms for at most d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, d)
 }

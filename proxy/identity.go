@@ -18,8 +18,6 @@ const (
 	HeaderRunID      = "X-Run-ID"
 	HeaderRunVersion = "X-Run-Version"
 	HeaderRunToken   = "X-Run-Token"
-	HeaderIntent     = "X-Stopgate-Intent"
-	HeaderRefusal    = "X-Stopgate-Refusal"
 )
 
 // identity is the run a request belongs to and the cancel_version its
@@ -48,7 +46,6 @@ func (e badCredentials) Error() string { return e.msg }
 type tokenCheck struct {
 	signer  *runtoken.Signer
 	require bool
-	now     func() time.Time
 }
 
 // verify checks a token and that it names run (when run is given).
@@ -56,11 +53,7 @@ func (tc tokenCheck) verify(token, run, via string) (identity, error) {
 	if tc.signer == nil {
 		return identity{}, badCredentials{"this proxy has no run-token secret: send the cancel version instead of a token"}
 	}
-	now := time.Now
-	if tc.now != nil {
-		now = tc.now
-	}
-	c, err := tc.signer.Verify(token, now())
+	c, err := tc.signer.Verify(token, time.Now())
 	if err != nil {
 		return identity{}, badCredentials{err.Error()}
 	}

@@ -3,8 +3,10 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,7 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
@@ -31,7 +34,7 @@ func TestRequestOfActiveRunIsForwardedAndRecordedResponded(t *testing.T) {
 			if resp.StatusCode != 200 || string(body) != "hello POST /charge" {
 				t.Fatalf("got %d %q", resp.StatusCode, body)
 			}
-			key := resp.Header.Get(proxy.HeaderIntent)
+			key := resp.Header.Get(refusal.IntentHeader)
 			if key == "" {
 				t.Fatal("forwarded response has no X-Stopgate-Intent")
 			}
@@ -42,8 +45,8 @@ func TestRequestOfActiveRunIsForwardedAndRecordedResponded(t *testing.T) {
 			if strings.Contains(in.Target, "secret") || !strings.HasSuffix(in.Target, "/charge") {
 				t.Fatalf("recorded target %q must keep the path and drop the query", in.Target)
 			}
-			if up.hits.Load() != 1 {
-				t.Fatalf("upstream hits %d", up.hits.Load())
+			if up.Hits.Load() != 1 {
+				t.Fatalf("upstream hits %d", up.Hits.Load())
 			}
 		})
 	}
@@ -52,11 +55,11 @@ func TestRequestOfActiveRunIsForwardedAndRecordedResponded(t *testing.T) {
 func TestUpstreamCannotSpeakInStopgateHeaders(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(proxy.HeaderRefusal, "run_not_active")
-		w.Header().Set(proxy.HeaderIntent, "forged")
+		w.Header().Set(refusal.Header, "run_not_active")
+		w.Header().Set(refusal.IntentHeader, "forged")
 	})
 	resp, _ := do(t, e.client("hdr", 1), "GET", up.URL+"/", nil, nil)
-	if resp.Header.Get(proxy.HeaderRefusal) != "" || resp.Header.Get(proxy.HeaderIntent) == "forged" {
+	if resp.Header.Get(refusal.Header) != "" || resp.Header.Get(refusal.IntentHeader) == "forged" {
 		t.Fatalf("upstream headers reached the agent as stopgate's: %v", resp.Header)
 	}
 }
@@ -71,7 +74,7 @@ func TestRunIdentityNeverReachesUpstream(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
-			got := up.lastHeader()
+			got := up.LastHeader()
 			for _, k := range []string{"X-Run-Id", "X-Run-Version", "Proxy-Authorization", "Proxy-Connection"} {
 				if got.Get(k) != "" {
 					t.Errorf("upstream received %s: %q", k, got.Get(k))
@@ -106,8 +109,8 @@ func TestRefusalsAreExplicit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := do(t, tc.client, "GET", up.URL+"/", nil, tc.header)
 			r := decodeRefusal(t, body)
-			if resp.StatusCode != tc.wantStatus || r.Error != tc.wantError || resp.Header.Get(proxy.HeaderRefusal) != tc.wantError {
-				t.Fatalf("got %d %s (header %q): %s", resp.StatusCode, r.Error, resp.Header.Get(proxy.HeaderRefusal), body)
+			if resp.StatusCode != tc.wantStatus || r.Error != tc.wantError || resp.Header.Get(refusal.Header) != tc.wantError {
+				t.Fatalf("got %d %s (header %q): %s", resp.StatusCode, r.Error, resp.Header.Get(refusal.Header), body)
 			}
 			if r.Message == "" {
 				t.Fatal("refusal without a message")
@@ -117,8 +120,8 @@ func TestRefusalsAreExplicit(t *testing.T) {
 			}
 		})
 	}
-	if up.hits.Load() != 0 {
-		t.Fatalf("refused requests reached the upstream %d times", up.hits.Load())
+	if up.Hits.Load() != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", up.Hits.Load())
 	}
 }
 
@@ -139,14 +142,14 @@ func TestCancelledRunIsRefusedOverHTTPAndInsideTunnel(t *testing.T) {
 			if resp.StatusCode != 409 || r.Error != "run_not_active" || r.Status != "CANCELLING" || r.CancelVersion != 2 || r.ObservedVersion != 1 || r.Recorded != "CANCELLED_BEFORE_DISPATCH" || r.RunID != "r3" {
 				t.Fatalf("after cancel: %d %s", resp.StatusCode, body)
 			}
-			if resp.Header.Get(proxy.HeaderRefusal) != "run_not_active" || resp.Header.Get(proxy.HeaderIntent) != r.Intent {
+			if resp.Header.Get(refusal.Header) != "run_not_active" || resp.Header.Get(refusal.IntentHeader) != r.Intent {
 				t.Fatalf("refusal headers %v", resp.Header)
 			}
 			if in := e.intent("r3", r.Intent); in.State != state.IntentCancelledBeforeDispatch {
 				t.Fatalf("refused intent %+v", in)
 			}
-			if up.hits.Load() != 1 {
-				t.Fatalf("upstream hits %d, want 1", up.hits.Load())
+			if up.Hits.Load() != 1 {
+				t.Fatalf("upstream hits %d, want 1", up.Hits.Load())
 			}
 		})
 	}
@@ -170,7 +173,7 @@ func TestIdempotencyKeyRules(t *testing.T) {
 		resp, _ := do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
 		done <- resp.StatusCode
 	}()
-	eventually(t, 5*time.Second, "first attempt in flight", func() bool { return up.hits.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "first attempt in flight", func() bool { return up.Hits.Load() == 1 })
 	resp, body := do(t, e.client("r4", 1), "POST", up.URL+"/slow", strings.NewReader("A"), h)
 	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "intent_in_progress" {
 		t.Fatalf("duplicate while in flight: %d %s", resp.StatusCode, body)
@@ -184,17 +187,17 @@ func TestIdempotencyKeyRules(t *testing.T) {
 		t.Fatalf("same key, other body: %d %s", resp.StatusCode, body)
 	}
 	resp, _ = do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
-	if resp.StatusCode != 201 || resp.Header.Get(proxy.HeaderIntent) != "charge-1" {
+	if resp.StatusCode != 201 || resp.Header.Get(refusal.IntentHeader) != "charge-1" {
 		t.Fatalf("replay after RESPONDED: %d %v", resp.StatusCode, resp.Header)
 	}
 	// Duplicates are refused without touching the record; the audit log has them.
 	if in := e.intent("r4", "charge-1"); in.Attempts != 2 || in.State != state.IntentResponded || in.Refusals != 0 {
 		t.Fatalf("intent after replays %+v", in)
 	}
-	if up.hits.Load() != 2 {
-		t.Fatalf("upstream hits %d, want 2", up.hits.Load())
+	if up.Hits.Load() != 2 {
+		t.Fatalf("upstream hits %d, want 2", up.Hits.Load())
 	}
-	if got := up.lastHeader().Get("Idempotency-Key"); got != "charge-1" {
+	if got := up.LastHeader().Get("Idempotency-Key"); got != "charge-1" {
 		t.Fatalf("Idempotency-Key must reach the provider, got %q", got)
 	}
 }
@@ -208,13 +211,11 @@ func TestLargeUploadIsStreamedWholeAndCapped(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("upload: %d", resp.StatusCode)
 	}
-	up.mu.Lock()
-	got := up.bodies[len(up.bodies)-1]
-	up.mu.Unlock()
+	got := up.LastBody()
 	if !bytes.Equal(got, big) {
 		t.Fatalf("upstream got %d bytes, want %d identical", len(got), len(big))
 	}
-	in := e.intent("r5", resp.Header.Get(proxy.HeaderIntent))
+	in := e.intent("r5", resp.Header.Get(refusal.IntentHeader))
 	if !strings.HasPrefix(in.BodyDigest, "sha256:") {
 		t.Fatalf("digest %q", in.BodyDigest)
 	}
@@ -223,8 +224,8 @@ func TestLargeUploadIsStreamedWholeAndCapped(t *testing.T) {
 	if r := decodeRefusal(t, body); resp.StatusCode != 413 || r.Error != "body_too_large" {
 		t.Fatalf("over the cap: %d %s", resp.StatusCode, body)
 	}
-	if up.hits.Load() != 1 {
-		t.Fatalf("upstream hits %d, want 1", up.hits.Load())
+	if up.Hits.Load() != 1 {
+		t.Fatalf("upstream hits %d, want 1", up.Hits.Load())
 	}
 }
 
@@ -273,7 +274,7 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 	for round := range raceRounds(t) {
 		run := fmt.Sprintf("race-%d", round)
 		e.admit(run)
-		before := up.hits.Load()
+		before := up.Hits.Load()
 		var wg sync.WaitGroup
 		var forwarded, refused, other int64
 		var mu sync.Mutex
@@ -300,7 +301,7 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 			e.cancel(run, time.Minute)
 		})
 		wg.Wait()
-		hits := up.hits.Load() - before
+		hits := up.Hits.Load() - before
 		counts := map[state.IntentState]int64{}
 		for _, in := range e.intents(run) {
 			counts[in.State]++
@@ -342,14 +343,13 @@ func TestNotAProxyRequestIsAClearError(t *testing.T) {
 }
 
 func TestMetricsCountWhatTheProxyDid(t *testing.T) {
-	e := newEnv(t, envOptions{})
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, envOptions{registry: reg})
 	up := newUpstream(t, false, nil)
 	e.admit("m")
 	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
 	e.cancel("m", time.Minute)
 	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(e.proxy.Collector())
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -365,9 +365,11 @@ func TestMetricsCountWhatTheProxyDid(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{
-		"stopgate_proxy_requests_total/forwarded": 1,
-		"stopgate_proxy_requests_total/refused":   1,
-		"stopgate_proxy_open_flows":               0,
+		"stopgate_decisions_total/http/admitted":      1,
+		"stopgate_decisions_total/http/finished":      1,
+		"stopgate_decisions_total/http/refused":       1,
+		"stopgate_refusals_total/http/run_not_active": 1,
+		"stopgate_open/flows":                         0,
 	} {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], want, got)
@@ -414,7 +416,7 @@ func TestListenerBoundToRunNamesEveryRequest(t *testing.T) {
 	if ins, _ := e.store.Intents(context.Background(), "other"); len(ins) != 0 {
 		t.Fatalf("a client of the bound listener spent another run's effects: %+v", ins)
 	}
-	if got := up.lastHeader().Get("X-Run-Id"); got != "" {
+	if got := up.LastHeader().Get("X-Run-Id"); got != "" {
 		t.Fatalf("the named run reached the upstream: %q", got)
 	}
 	e.cancel("bound", time.Minute)
@@ -459,7 +461,56 @@ func TestRequiredRunTokenIsTheOnlyWayToNameARun(t *testing.T) {
 	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "run_not_active" || r.ObservedVersion != 1 {
 		t.Fatalf("the token after the cancel: %d %s", resp.StatusCode, body)
 	}
-	if up.hits.Load() != 1 || plain.hits.Load() != 0 {
-		t.Fatalf("upstreams saw %d and %d requests, want 1 and 0", up.hits.Load(), plain.hits.Load())
+	if up.Hits.Load() != 1 || plain.Hits.Load() != 0 {
+		t.Fatalf("upstreams saw %d and %d requests, want 1 and 0", up.Hits.Load(), plain.Hits.Load())
+	}
+}
+
+// TestClientGoneMidBodyIsNotAStoreFailure: a client that hangs up in the
+// middle of its request body sends nothing upstream, and is counted as the
+// client's doing (client_gone, or bad_request_body when the proxy reads
+// the cut first), never as the store failing.
+func TestClientGoneMidBodyIsNotAStoreFailure(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, envOptions{registry: reg})
+	up := newUpstream(t, false, nil)
+	for range 5 {
+		conn, err := net.Dial("tcp", e.server.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST %s/pay HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\nContent-Length: 100\r\n\r\n0123456789",
+			up.URL, up.Listener.Addr(), base64.StdEncoding.EncodeToString([]byte("gone:1")))
+		_ = conn.Close()
+	}
+	families := func() map[string]float64 {
+		got := map[string]float64{}
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			for _, m := range f.GetMetric() {
+				name := f.GetName()
+				for _, l := range m.GetLabel() {
+					name += "/" + l.GetValue()
+				}
+				got[name] = m.GetCounter().GetValue()
+			}
+		}
+		return got
+	}
+	testkit.Eventually(t, 5*time.Second, "five refusals of cut bodies counted", func() bool {
+		got := families()
+		return got["stopgate_refusals_total/http/client_gone"]+got["stopgate_refusals_total/http/bad_request_body"] == 5
+	})
+	got := families()
+	for name, v := range got {
+		if strings.HasPrefix(name, "stopgate_store_errors_total") && v != 0 || strings.Contains(name, "store_unavailable") {
+			t.Errorf("a client gone mid-body counted as a store failure: %s = %v", name, v)
+		}
+	}
+	if n := up.Hits.Load(); n != 0 {
+		t.Fatalf("a truncated body reached the upstream %d times", n)
 	}
 }

@@ -48,7 +48,7 @@ func TestStoreDownOrPausedFailsClosed(t *testing.T) {
 					t.Fatalf("store %s: %d %s", failure, resp.StatusCode, body)
 				}
 			}
-			if got := up.hits.Load(); got != 1 {
+			if got := up.Hits.Load(); got != 1 {
 				t.Fatalf("upstream saw %d requests, want 1: nothing may pass unguarded", got)
 			}
 		})
@@ -75,14 +75,14 @@ func TestCancelThroughOneInstanceReachesAnother(t *testing.T) {
 	}
 	d := endsWithin(t, lines, time.Second, func() { a.cancel("m1", time.Minute) })
 	t.Logf("stream on the other instance cut %v after the cancel", d)
-	before := up.hits.Load()
+	before := up.Hits.Load()
 	for _, e := range []*env{a, b} {
 		resp, body := do(t, e.client("m1", 1), "POST", up.URL+"/x", strings.NewReader("late"), nil)
 		if resp.StatusCode != 409 {
 			t.Fatalf("after the cancel: %d %s", resp.StatusCode, body)
 		}
 	}
-	if up.hits.Load() != before {
+	if up.Hits.Load() != before {
 		t.Fatal("a request reached the upstream after the cancel")
 	}
 }
@@ -95,7 +95,7 @@ func TestRaceAcrossTwoInstancesOnRedis(t *testing.T) {
 	for round := range raceRounds(t) {
 		run := fmt.Sprintf("rr-%d", round)
 		envs[0].admit(run)
-		before := up.hits.Load()
+		before := up.Hits.Load()
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		forwarded := 0
@@ -123,7 +123,7 @@ func TestRaceAcrossTwoInstancesOnRedis(t *testing.T) {
 		for _, in := range envs[0].intents(run) {
 			counts[in.State]++
 		}
-		hits := int(up.hits.Load() - before)
+		hits := int(up.Hits.Load() - before)
 		if hits != forwarded || hits != counts[state.IntentResponded]+counts[state.IntentInFlight] || hits+counts[state.IntentCancelledBeforeDispatch] != workers*perWorker {
 			t.Fatalf("%s: upstream %d, forwarded %d, ledger %v", run, hits, forwarded, counts)
 		}

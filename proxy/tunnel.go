@@ -9,11 +9,14 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/elazarl/goproxy"
 
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // handleConnect decides what a CONNECT becomes. Pass-through hosts are
@@ -22,62 +25,66 @@ import (
 // identity for requests that bring none of their own.
 func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	req := pctx.Req
+	ex := &exchange{start: time.Now()}
+	pctx.UserData = ex
+	reject := func(boundary state.Boundary, r *refusal.Refusal) (*goproxy.ConnectAction, string) {
+		pctx.Resp = p.refuse(req, ex, boundary, r)
+		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+	}
+	id, err := identify(req.Header, p.boundRun(req), p.tokens)
 	if !p.cfg.PassThrough.Match(host) {
 		if p.cfg.CA == nil {
-			pctx.Resp = refusal(req, http.StatusForbidden, "interception_disabled", map[string]any{
-				"message": "this proxy has no CA to intercept " + host + " and it is not a pass-through host",
-			})
-			return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+			return reject(state.BoundaryHTTP, refusal.New(refusal.InterceptionDisabled,
+				"this proxy has no CA to intercept %s and it is not a pass-through host", host))
 		}
-		id, err := identify(req.Header, p.boundRun(req), p.tokens)
 		switch {
 		case err == nil:
-			pctx.UserData = id
+			ex.id, ex.hasID = id, true
 		case errors.Is(err, errNoIdentity):
 			// Requests inside may name their run with X-Run-ID.
 		default:
-			pctx.Resp = p.identityError(req, err)
-			return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+			return reject(state.BoundaryHTTP, identityRefusal(err))
 		}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&p.cfg.CA.Cert)}, host
 	}
 
-	id, err := identify(req.Header, p.boundRun(req), p.tokens)
 	if err != nil {
-		pctx.Resp = p.identityError(req, err)
-		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+		return reject(state.BoundaryTunnel, identityRefusal(err))
 	}
+	ex.id, ex.hasID = id, true
 	allow := p.cfg.Delivery.Match(host)
-	res, err := p.cfg.Ledger.Begin(req.Context(), state.GuardRequest{
+	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: intents.DerivedKey(id.run, http.MethodConnect, host, ""),
 		Boundary: state.BoundaryTunnel, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
-	})
+	}
+	started := time.Now()
+	res, err := p.cfg.Ledger.Begin(req.Context(), greq)
+	ex.store = time.Since(started)
+	if err == nil && !res.Admitted {
+		p.cfg.Watcher.Observe(context.WithoutCancel(req.Context()), res.Run)
+		err = refusal.FromGuard(greq, res)
+	}
 	if err != nil {
-		p.stats.Unavailable.Add(1)
-		pctx.Resp = refusal(req, http.StatusServiceUnavailable, "store_unavailable", map[string]any{
-			"run_id": id.run, "message": "the run state store did not answer in time; no tunnel was opened (fail closed): " + err.Error(),
-		})
-		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
+		return reject(state.BoundaryTunnel, refusal.FromError(err))
 	}
-	if !res.Admitted {
-		p.stats.Refused.Add(1)
-		pctx.Resp = guardRefusal(req, id, res)
-		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
-	}
-	f := &flow{id: id, intent: res.Intent, method: http.MethodConnect, allowCancelling: allow, tunnel: true}
+	ex.flow = &flow{id: id, intent: res.Intent, boundary: state.BoundaryTunnel, method: http.MethodConnect, allowCancelling: allow, tunnel: true}
+	d := ex.decision(state.BoundaryTunnel, http.MethodConnect, host)
+	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
+	p.tel.Decided(req.Context(), d)
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-		p.tunnel(req, client, host, f)
+		p.tunnel(req, client, host, ex)
 	}}, host
 }
 
 // tunnel carries a pass-through CONNECT, unseen, until either side closes or
 // the run's cancel cuts it.
-func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow) {
+func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exchange) {
 	defer client.Close()
+	f := ex.flow
 	ctx, cut := context.WithCancelCause(context.Background())
 	defer cut(nil)
-	f.cut = cut
+	ex.ctx, f.cut = ctx, cut
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
@@ -85,19 +92,17 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow)
 	upstream, err := p.cfg.DialContext(dctx, "tcp", host)
 	cancel()
 	if err != nil {
-		p.finish(ctx, f, state.IntentNotSent, 0, "dial: "+err.Error())
-		resp := refusal(req, http.StatusBadGateway, "upstream_failed", map[string]any{
-			"run_id": f.id.run, "intent": f.intent.Key, "recorded": state.IntentNotSent, "message": err.Error(),
-		}, f.intent.Key)
-		_ = resp.Write(client)
+		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
+		r := refusal.Wrap(err, refusal.UpstreamFailed, "cannot reach %s: %v; recorded %s", host, err, state.IntentNotSent)
+		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, state.IntentNotSent
+		_ = r.Response(req).Write(client)
 		return
 	}
 	defer upstream.Close()
-	if _, err := fmt.Fprintf(client, "HTTP/1.1 200 Connection established\r\n%s: %s\r\n\r\n", HeaderIntent, f.intent.Key); err != nil {
-		p.finish(ctx, f, state.IntentNotSent, 0, "client gone before the tunnel opened")
+	if _, err := fmt.Fprintf(client, "HTTP/1.1 200 Connection established\r\n%s: %s\r\n\r\n", refusal.IntentHeader, f.intent.Key); err != nil {
+		p.finish(ctx, ex, state.IntentNotSent, 0, "client gone before the tunnel opened")
 		return
 	}
-	p.stats.Forwarded.Add(1)
 
 	var sent atomic.Int64
 	var wg sync.WaitGroup
@@ -115,12 +120,11 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow)
 	go func() { wg.Wait(); close(copied) }()
 	select {
 	case <-copied:
-		p.finish(ctx, f, state.IntentResponded, 0, "tunnel_closed")
+		p.finish(ctx, ex, state.IntentResponded, 0, "tunnel_closed")
 	case <-ctx.Done():
 		_ = client.Close()
 		_ = upstream.Close()
 		<-copied
-		p.stats.Cut.Add(1)
 		reason := "cut"
 		var ce *cutError
 		if errors.As(context.Cause(ctx), &ce) {
@@ -131,13 +135,7 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow)
 			// Bytes went upstream through a tunnel we cannot see into.
 			outcome = state.IntentUnknown
 		}
-		p.finish(ctx, f, outcome, 0, reason)
-	}
-}
-
-func (p *Proxy) finish(ctx context.Context, f *flow, outcome state.IntentState, code int, reason string) {
-	if _, err := p.cfg.Ledger.Finish(ctx, f.intent, outcome, code, truncate(reason, 512)); err != nil {
-		p.log.Warn("outcome not recorded; the lease will expire into UNKNOWN", "run", f.id.run, "intent", f.intent.Key, "err", err)
+		p.finish(ctx, ex, outcome, 0, reason)
 	}
 }
 

@@ -113,8 +113,16 @@ type Run struct {
 	Intents map[IntentState]int `json:"intents"`
 }
 
-// Final reports whether the run can never change again.
+// Final reports whether the row can never change again: the stores drop a
+// final run from their live indexes.
 func (r Run) Final() bool { return r.Status == StatusCancelled || r.Status == StatusCompleted }
+
+// Over reports whether the run will never again have work admitted or
+// carried: it is final, or UNKNOWN (its in-flight work was cut by the
+// drain deadline or lost with its carrier, and only the reconciliation of
+// its record remains). Every edge asks this one question before it lets go
+// of what it holds for a run: open connections, browser sessions, browsers.
+func (r Run) Over() bool { return r.Final() || r.Status == StatusUnknown }
 
 // Intent is the record of one external effect.
 type Intent struct {
@@ -183,6 +191,12 @@ type AdmitRequest struct {
 	RunID  string
 	Actor  string
 	Reason string
+}
+
+// AdmitResult is the row after an admission and whether this call created it.
+type AdmitResult struct {
+	Run     Run
+	Created bool
 }
 
 // CancelRequest is the CAS ACTIVE → CANCELLING.
@@ -277,13 +291,47 @@ type IntentRef struct {
 	Key   string
 }
 
+// RenewRequest extends the leases Owner holds on the intents named.
+type RenewRequest struct {
+	Owner string
+	TTL   time.Duration
+	Refs  []IntentRef
+}
+
+// RenewResult is what a renewal found: the intents whose lease it extended
+// (as they now stand), and the row of every run named, so that a carrier
+// learns in the same round trip whether its run was cancelled meanwhile.
+// An intent named but not renewed (finished, expired into UNKNOWN, or
+// leased to someone else) is absent from Renewed.
+type RenewResult struct {
+	Renewed []Intent
+	Runs    map[string]Run
+}
+
+// Holds reports whether the renewal extended the lease of ref.
+func (r RenewResult) Holds(ref IntentRef) (Intent, bool) {
+	for _, in := range r.Renewed {
+		if in.RunID == ref.RunID && in.Key == ref.Key {
+			return in, true
+		}
+	}
+	return Intent{}, false
+}
+
+// TickRequest moves one run on: expired leases, drained cancels, passed
+// deadlines.
+type TickRequest struct {
+	RunID string
+	Actor string
+}
+
 // Store is the durable state. Both implementations pass the same
 // conformance suite (package statetest).
 type Store interface {
 	// Admit creates the run ACTIVE at version 1; for an ACTIVE run it is a
-	// no-op returning the row; for any other status it is a *Conflict
-	// (RefusalRunNotActive).
-	Admit(ctx context.Context, req AdmitRequest) (Run, error)
+	// no-op returning the row (Created false); for any other status it is a
+	// *Conflict (RefusalRunNotActive).
+	Admit(ctx context.Context, req AdmitRequest) (AdmitResult, error)
 	// Cancel moves ACTIVE → CANCELLING, bumps cancel_version, sets the drain
 	// deadline and revokes every SCHEDULED intent, in one step. An unseen run
 	// gets a CANCELLED tombstone at version 2. CANCELLING, CANCELLED and
@@ -306,15 +354,15 @@ type Store interface {
 	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
 	// finalizes the run.
 	Resolve(ctx context.Context, req ResolveRequest) (Intent, error)
-	// Renew extends the leases of IN_FLIGHT intents held by owner; intents
-	// no longer IN_FLIGHT or held by another owner are skipped.
-	Renew(ctx context.Context, owner string, ttl time.Duration, refs []IntentRef) error
+	// Renew extends the leases of IN_FLIGHT intents held by req.Owner;
+	// intents no longer IN_FLIGHT or held by another owner are skipped.
+	Renew(ctx context.Context, req RenewRequest) (RenewResult, error)
 	// Tick turns IN_FLIGHT intents with expired leases UNKNOWN and moves a
 	// CANCELLING or UNKNOWN run on: CANCELLED when nothing is in flight or
 	// unknown; UNKNOWN when something is unknown, or when the drain deadline
 	// passed with work in flight (those intents become UNKNOWN, reason
 	// drain_timeout). Safe to run from any number of instances at once.
-	Tick(ctx context.Context, runID string, actor string) (Run, error)
+	Tick(ctx context.Context, req TickRequest) (Run, error)
 
 	// Intent returns one intent, or ErrNotFound.
 	Intent(ctx context.Context, runID, key string) (Intent, error)
@@ -331,6 +379,11 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
+
+// DefaultTimeout bounds one store call on a request's path when the
+// operator sets none: past it the store counts as down and the caller fails
+// closed.
+const DefaultTimeout = 2 * time.Second
 
 // Errors. Store failures (unreachable, timeout) wrap ErrUnavailable.
 var (
@@ -382,11 +435,20 @@ func ValidateRunID(id string) error {
 	if len(id) > MaxRunIDLen {
 		return fmt.Errorf("%w: run id is %d bytes, longer than %d", ErrInvalid, len(id), MaxRunIDLen)
 	}
+	dots := 0
 	for _, c := range id {
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':'
 		if !ok {
 			return fmt.Errorf("%w: run id %q has %q; use letters, digits and - _ . :", ErrInvalid, id, c)
 		}
+		if c == '.' {
+			dots++
+		}
+	}
+	// "." and ".." are path segments, not names: in a URL path they would
+	// address another endpoint (/v1/runs/.. is /v1), so no run may have them.
+	if dots == len(id) {
+		return fmt.Errorf("%w: run id %q is only dots, which URL paths read as . or ..; use a letter or digit", ErrInvalid, id)
 	}
 	return nil
 }

@@ -129,3 +129,40 @@ func (r ResolveRequest) Validate() error {
 	}
 	return nil
 }
+
+// Validate checks a renewal.
+func (r RenewRequest) Validate() error {
+	if err := validateText("lease owner", r.Owner); err != nil {
+		return err
+	}
+	if r.TTL <= 0 {
+		return fmt.Errorf("%w: lease TTL %s: want more than zero", ErrInvalid, r.TTL)
+	}
+	for _, ref := range r.Refs {
+		if err := ValidateRunID(ref.RunID); err != nil {
+			return err
+		}
+		if err := ValidateKey(ref.Key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks a tick.
+func (r TickRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	return validateText("actor", r.Actor)
+}
+
+// Clip shortens s to at most n bytes, for text that must fit a field's
+// limit (a reason, a target) rather than be refused: what was cut off is
+// detail, and the record must still be written.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

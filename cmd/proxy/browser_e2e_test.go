@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,30 +13,15 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
 
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
-
-// chromiumPath finds the browser; its absence fails the test, with the
-// way to install it.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("STOPGATE_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"/usr/bin/chromium", "chromium"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Fatal("chromium is not installed: run scripts/test-deps (apt-get install chromium), or set STOPGATE_CHROMIUM")
-	return ""
-}
 
 // TestBrowserEndToEnd: an agent asks for its run's browser with the CLI,
 // drives it with chromedp through the guard, the operator cancels the run,
 // and the next navigation is refused; the audit shows both.
 func TestBrowserEndToEnd(t *testing.T) {
-	chromium := chromiumPath(t)
+	chromium := testkit.Chromium(t)
 	var hits atomic.Int64
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/favicon.ico" {
@@ -83,7 +66,7 @@ func TestBrowserEndToEnd(t *testing.T) {
 	s.must(t, 0, "claim", "b1", "hold", "--worker", "test")
 	s.must(t, 0, "cancel", "b1", "--reason", "operator stop")
 	err := chromedp.Do(cdp, chromedp.Navigate(site.URL+"/pay"))
-	const want = "run b1 is CANCELLING at cancel_version 2 (observed 1): Page.navigate refused, recorded CANCELLED_BEFORE_DISPATCH"
+	const want = "stopgate refused Page.navigate: run_not_active: run b1 is CANCELLING at cancel_version 2 (the request observed 1): nothing was sent; recorded CANCELLED_BEFORE_DISPATCH"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("navigate after the cancel: %v, want a CDP error saying %q", err, want)
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/stores"
 )
 
 // serveConfig is everything stopgate serve is told, from flags and
@@ -60,19 +60,9 @@ type serveConfig struct {
 	RequireRunToken bool
 }
 
-// dbFile is the embedded store's file inside the data directory.
-const dbFile = "stopgate.db"
-
-// EmbeddedPath is the embedded store's data file.
-func (c serveConfig) EmbeddedPath() string { return filepath.Join(c.DataDir, dbFile) }
-
-// isRedisScheme reports whether a --store URL goes to the Redis store.
-func isRedisScheme(scheme string) bool {
-	switch scheme {
-	case "redis", "rediss", "redis-sentinel", "redis-cluster":
-		return true
-	}
-	return false
+// storeConfig is the store serve opens.
+func (c serveConfig) storeConfig() stores.Config {
+	return stores.Config{URL: c.Store, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout}
 }
 
 // newServeFlags defines serve's flags, with their defaults, on a fresh set.
@@ -86,7 +76,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.BrowserAddr, "browser-addr", "127.0.0.1:8082", "browser guard (CDP websocket) listen address (host:port)")
 	fs.StringVar(&cfg.Chromium, "chromium", browserguard.DefaultChromium, "the Chromium binary launched for a run's browser")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
-	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+dbFile+") and the CA")
+	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
 	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
 	fs.Var(boolValue{&cfg.RequireDurable}, "require-durable", "refuse to start unless the store persists every write before acknowledging it")
@@ -179,21 +169,12 @@ func (c *serveConfig) validate(source map[string]string) error {
 	if c.Chromium == "" {
 		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
 	}
-	if c.Store != "" {
-		// The scheme only: the Redis store parses the rest (hosts, database,
-		// Sentinel master) and its errors name the part that is wrong.
-		scheme, rest, ok := strings.Cut(c.Store, "://")
-		switch {
-		case !ok:
-			return bad("store", "%s has no scheme; want redis://HOST:PORT/DB, or no --store for the embedded store", redactURL(c.Store))
-		case !isRedisScheme(strings.ToLower(scheme)):
-			return bad("store", "scheme %q: want redis://, rediss://, redis-sentinel:// or redis-cluster://, or no --store for the embedded store", scheme)
-		case storeHost(rest) == "":
-			return bad("store", "%s has no host; want redis://HOST:PORT/DB", redactURL(c.Store))
+	if err := stores.Check(c.storeConfig()); err != nil {
+		name := "store"
+		if c.Store == "" {
+			name = "data-dir"
 		}
-	}
-	if c.Store == "" && c.DataDir == "" {
-		return bad("data-dir", "is empty, and the embedded store lives there")
+		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 	}
 	if c.Config != "" {
 		if st, err := os.Stat(c.Config); err != nil {
@@ -258,43 +239,6 @@ func unwrapAddrErr(err error) error {
 		return errors.New(ae.Err)
 	}
 	return err
-}
-
-// storeHost is the host part of a store URL after its scheme: the
-// authority without user and password.
-func storeHost(rest string) string {
-	authority, _, _ := strings.Cut(rest, "/")
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		authority = authority[at+1:]
-	}
-	return authority
-}
-
-// redactURL hides a password in a store URL before it is printed. It does
-// not parse the URL (Sentinel and Cluster URLs list several hosts, which
-// net/url refuses): it masks whatever sits between "://" and the last "@"
-// of the authority after the first ":".
-func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		if strings.Contains(s, "@") {
-			return "(a URL with credentials and no scheme)"
-		}
-		return s
-	}
-	authority, path, hasPath := strings.Cut(rest, "/")
-	at := strings.LastIndex(authority, "@")
-	if at < 0 {
-		return s
-	}
-	user, _, hasPass := strings.Cut(authority[:at], ":")
-	if hasPass {
-		authority = user + ":xxxxx" + authority[at:]
-	}
-	if hasPath {
-		return scheme + "://" + authority + "/" + path
-	}
-	return scheme + "://" + authority
 }
 
 // The flag values below exist for their error messages, which the flag

@@ -39,7 +39,7 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	// pollEvery is how often cancel --wait reads the row, and waitSlack how
-	// long it waits past the drain deadline for the finalizer.
+	// long it waits past the drain deadline for the sweeper.
 	pollEvery time.Duration
 	waitSlack time.Duration
 }

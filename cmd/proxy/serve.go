@@ -23,19 +23,23 @@ import (
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/state/filestore"
-	"github.com/stopgate/stopgate/state/redisstore"
+	"github.com/stopgate/stopgate/state/stores"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
-// Bounds of the control API server: a slow or stuck client holds a
-// connection for at most these.
+// Bounds of the listeners: a slow or stuck client holds a connection for at
+// most these.
 const (
 	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 30 * time.Second
-	writeTimeout      = 60 * time.Second
 	idleTimeout       = 2 * time.Minute
 	maxHeaderBytes    = 64 << 10
+	// The control API answers in one store call or a few; the proxy and the
+	// browser guard carry streams and long provider calls, so they have no
+	// read or write timeout of their own.
+	controlReadTimeout  = 30 * time.Second
+	controlWriteTimeout = 60 * time.Second
 	// openTimeout bounds opening the store at start.
 	openTimeout = 15 * time.Second
 	// shutdownTimeout bounds the graceful part of a shutdown.
@@ -51,14 +55,16 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 	return serve(ctx, cfg, log)
 }
 
-// serve runs until ctx ends (SIGINT, SIGTERM), then shuts down in the
-// reverse order of start: listeners first, the store last, so nothing
-// still serving ever finds the store closed.
+// serve wires stopgate top to bottom — the store, what the edges share, the
+// edges, the control API — serves until ctx ends (SIGINT, SIGTERM), then
+// shuts down in the reverse order: listeners first, the store last, so
+// nothing still serving ever finds the store closed.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
-	store, err := openStore(ctx, cfg, log)
+	opened, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	store := opened.Store
 	defer func() {
 		if cerr := store.Close(); cerr != nil {
 			log.Error("closing the store", "err", cerr)
@@ -67,223 +73,249 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		log.Info("store closed; stopgate stopped")
 	}()
 
-	comp, err := startComponents(ctx, cfg, store, log)
-	if err != nil {
-		return err
-	}
-	api, err := control.New(control.Options{
-		Store:         store,
-		Token:         cfg.ControlToken,
-		DrainTimeout:  cfg.DrainTimeout,
-		Logger:        log.With("component", "control"),
-		CACertPEM:     comp.caPEM,
-		Metrics:       comp.metrics,
-		WebhookSecret: comp.webhookSecret,
-		Tokens:        comp.tokens,
-		Browsers:      comp.browsers,
-	})
-	if err != nil {
-		_ = comp.stop(ctx)
-		return err
-	}
-	// Listen before serving so that a taken port fails the start, with
-	// the flag named, instead of a log line after "serving".
-	ln, err := net.Listen("tcp", cfg.ControlAddr)
-	if err != nil {
-		_ = comp.stop(ctx)
-		return fmt.Errorf("--control-addr %s: %w", cfg.ControlAddr, err)
-	}
-	if cfg.ControlToken == "" && !isLoopback(ln.Addr()) {
-		log.Warn("the control API listens beyond loopback without a token: anyone who reaches it can cancel and complete runs; set --control-token", "addr", ln.Addr().String())
-	}
-	srv := &http.Server{
-		Handler:           api,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("control API serving", "addr", ln.Addr().String(), "auth", cfg.ControlToken != "", "drain_timeout", cfg.DrainTimeout)
-
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "cause", context.Cause(ctx))
-	case err = <-serveErr:
-		err = fmt.Errorf("control API on %s: %w", cfg.ControlAddr, err)
-	}
-
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
-	defer cancel()
-	if serr := srv.Shutdown(shutdownCtx); serr != nil {
-		log.Warn("control API did not drain in time; closing its connections", "err", serr)
-		_ = srv.Close()
-	}
-	if serr := comp.stop(shutdownCtx); serr != nil {
-		log.Error("stopping components", "err", serr)
-		err = errors.Join(err, serr)
-	}
-	return err
-}
-
-// components are the parts of serve besides the control API: the egress
-// proxy with its ledger, the browser guard and its launcher, the sweeper
-// that moves cancelled runs on, and the reconciler of UNKNOWN intents.
-type components struct {
-	caPEM         []byte
-	metrics       http.Handler
-	webhookSecret func(source string) ([]byte, bool)
-	browsers      control.BrowserLauncher
-	tokens        *runtoken.Signer
-	stop          func(context.Context) error
-}
-
-// startComponents starts them on the open store; stop ends them before the
-// store closes.
-func startComponents(ctx context.Context, cfg serveConfig, store state.Store, log *slog.Logger) (*components, error) {
 	pol, err := policy.Load(cfg.Config)
 	if err != nil {
-		return nil, usagef("serve", "--config: %v", err)
+		return usagef("serve", "--config: %v", err)
 	}
 	pass, err := proxy.NewHostSet(pol.PassThrough)
 	if err != nil {
-		return nil, usagef("serve", "--config: pass_through: %v", err)
+		return usagef("serve", "--config: pass_through: %v", err)
 	}
 	delivery, err := proxy.NewHostSet(pol.Delivery)
 	if err != nil {
-		return nil, usagef("serve", "--config: delivery: %v", err)
+		return usagef("serve", "--config: delivery: %v", err)
 	}
 	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
-	var tokens *runtoken.Signer
-	if cfg.RunTokenSecret != "" {
-		if tokens, err = runtoken.New([]byte(cfg.RunTokenSecret)); err != nil {
-			return nil, usagef("serve", "--run-token-secret: %v", err)
-		}
+	tokens, err := runTokens(cfg)
+	if err != nil {
+		return err
 	}
+
+	// What every edge shares: the decisions' account, the ledger of this
+	// instance, and one watch on runs.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind})
 	owner := instanceName()
 	ledger := intents.NewLedger(store, intents.LedgerOptions{
 		Owner: owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
+	watcher := runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "watch")})
+
+	// Every listener is taken before anything serves, so that a taken port
+	// fails the start with the flag named.
+	lns, err := listenAll(cfg)
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+
 	egress, err := proxy.New(proxy.Config{
-		Store: store, Ledger: ledger, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit, Tokens: tokens, RequireToken: cfg.RequireRunToken,
-		PassThrough: pass, Delivery: delivery, MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir,
-		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "proxy"),
+		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
+		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery,
+		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	ln, err := net.Listen("tcp", cfg.ProxyAddr)
-	if err != nil {
-		return nil, fmt.Errorf("--proxy-addr %s: %w", cfg.ProxyAddr, err)
-	}
-	bln, err := net.Listen("tcp", cfg.BrowserAddr)
-	if err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("--browser-addr %s: %w", cfg.BrowserAddr, err)
-	}
-	closeListeners := func() { _ = ln.Close(); _ = bln.Close() }
 	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
-		Chromium: cfg.Chromium, Store: store, Ledger: ledger, Egress: egress.ForRun, GuardAddr: bln.Addr().String(),
-		AutoAdmit: cfg.AutoAdmit, RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "launcher"),
+		Chromium: cfg.Chromium, Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: lns.browser.Addr().String(),
+		AutoAdmit: cfg.AutoAdmit, Logger: log.With("component", "launcher"),
 	})
 	if err != nil {
-		closeListeners()
-		return nil, err
+		return err
 	}
 	guard, err := browserguard.New(browserguard.Config{
-		Store: store, Ledger: ledger, Browsers: launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
-		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
+		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
+		StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
 	})
 	if err != nil {
-		closeListeners()
-		return nil, err
+		return err
 	}
-	// No read or write timeout: streams and long provider calls are the
-	// traffic. Headers are still bounded.
-	srv := &http.Server{
-		Handler:           egress,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	api, err := control.New(control.Options{
+		Store: store, Token: cfg.ControlToken, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
+		CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
+		Tokens: tokens, Browsers: browserLauncher(launcher),
+	})
+	if err != nil {
+		return err
 	}
 
-	// Like the proxy's: CDP connections are long-lived, headers are bounded.
-	bsrv := &http.Server{
-		Handler:           guard,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	loops, stopLoops := startLoops(ctx, watcher, ledger,
+		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")},
+		&intents.Reconciler{Store: store, Lookups: pol.Lookups, Actor: "reconciler:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
+	)
+	servers := newServers(log)
+	servers.start("egress proxy", lns.proxy, egress, 0, 0)
+	servers.start("browser guard", lns.browser, guard, 0, 0)
+	servers.start("control API", lns.control, api, controlReadTimeout, controlWriteTimeout)
+	logStart(log, cfg, opened, owner, pol, lns)
 
-	runCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "cause", context.Cause(ctx))
+	case err = <-servers.failed:
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	// The control API first, so no new cancel arrives during the shutdown;
+	// then browsers, whose open actions are recorded UNKNOWN and whose pages'
+	// requests end before the egress proxy does; then the proxy, with what
+	// is still open cut and recorded rather than left to lease expiry.
+	err = errors.Join(err,
+		servers.shutdown(shutdownCtx, "control API"),
+		servers.shutdown(shutdownCtx, "browser guard"),
+		guard.Close(shutdownCtx), launcher.Close(shutdownCtx),
+		servers.shutdown(shutdownCtx, "egress proxy"),
+	)
+	egress.CutAll("stopgate_shutdown")
+	stopLoops()
+	loops.Wait()
+	return err
+}
+
+// openStore opens the configured store and says in the log what it is and
+// what an acknowledged cancel survives.
+func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.Opened, error) {
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	sc := cfg.storeConfig()
+	sc.Logger = log.With("component", "store")
+	opened, err := stores.Open(ctx, sc)
+	if errors.Is(err, state.ErrInvalid) {
+		return opened, usagef("serve", "--store (or STOPGATE_STORE): %v", err)
+	}
+	if errors.Is(err, stores.ErrNotDurable) {
+		return opened, fmt.Errorf("--require-durable: %w (or drop --require-durable)", err)
+	}
+	if err != nil {
+		return opened, err
+	}
+	level := slog.LevelInfo
+	if !opened.Durable {
+		level = slog.LevelWarn
+	}
+	log.Log(ctx, level, "store: "+opened.Kind, "where", opened.Where, "durable", opened.Durable, "durability", opened.Durability)
+	return opened, nil
+}
+
+func runTokens(cfg serveConfig) (*runtoken.Signer, error) {
+	if cfg.RunTokenSecret == "" {
+		return nil, nil
+	}
+	tokens, err := runtoken.New([]byte(cfg.RunTokenSecret))
+	if err != nil {
+		return nil, usagef("serve", "--run-token-secret: %v", err)
+	}
+	return tokens, nil
+}
+
+// browserLauncher adapts the launcher to the control API's endpoint.
+func browserLauncher(l *browserguard.Launcher) control.BrowserLauncher {
+	return func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
+		b, err := l.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
+		return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
+	}
+}
+
+// listeners are serve's sockets, taken before anything serves.
+type listeners struct {
+	proxy, browser, control net.Listener
+}
+
+func listenAll(cfg serveConfig) (*listeners, error) {
+	lns := &listeners{}
+	for _, l := range []struct {
+		flag, addr string
+		into       *net.Listener
+	}{
+		{"--proxy-addr", cfg.ProxyAddr, &lns.proxy},
+		{"--browser-addr", cfg.BrowserAddr, &lns.browser},
+		{"--control-addr", cfg.ControlAddr, &lns.control},
+	} {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			lns.close()
+			return nil, fmt.Errorf("%s %s: %w", l.flag, l.addr, err)
+		}
+		*l.into = ln
+	}
+	return lns, nil
+}
+
+// close closes what is still open; a listener a server took is closed by it.
+func (l *listeners) close() {
+	for _, ln := range []net.Listener{l.proxy, l.browser, l.control} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+}
+
+// startLoops runs the background loops until the returned stop is called.
+func startLoops(ctx context.Context, watcher *runwatch.Watcher, ledger *intents.Ledger, sweeper *intents.Sweeper, reconciler *intents.Reconciler) (*sync.WaitGroup, func()) {
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
-	loops.Go(func() { egress.Run(runCtx) })
-	loops.Go(func() { guard.Run(runCtx) })
-	loops.Go(func() { launcher.Run(runCtx) })
-	loops.Go(func() { ledger.Run(runCtx) })
-	sweeper := &intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")}
-	loops.Go(func() { sweeper.Run(runCtx) })
-	reconciler := &intents.Reconciler{Store: store, Lookups: pol.Lookups, Actor: "reconciler:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")}
-	loops.Go(func() { reconciler.Run(runCtx) })
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
-	go func() { serveErr <- bsrv.Serve(bln) }()
-	log.Info("browser guard serving", "addr", bln.Addr().String(), "chromium", cfg.Chromium)
+	for _, loop := range []func(context.Context){watcher.Run, ledger.Run, sweeper.Run, reconciler.Run} {
+		loops.Go(func() { loop(runCtx) })
+	}
+	return &loops, stop
+}
+
+// servers are serve's HTTP servers, by name.
+type servers struct {
+	log    *slog.Logger
+	byName map[string]*http.Server
+	// failed carries the first error of a server that stopped by itself.
+	failed chan error
+}
+
+func newServers(log *slog.Logger) *servers {
+	return &servers{log: log, byName: map[string]*http.Server{}, failed: make(chan error, 3)}
+}
+
+func (s *servers) start(name string, ln net.Listener, h http.Handler, read, write time.Duration) {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       read,
+		WriteTimeout:      write,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.byName[name] = srv
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.failed <- fmt.Errorf("%s on %s: %w", name, ln.Addr(), err)
+		}
+	}()
+}
+
+func (s *servers) shutdown(ctx context.Context, name string) error {
+	srv := s.byName[name]
+	if err := srv.Shutdown(ctx); err != nil {
+		s.log.Warn(name+" did not drain in time; closing its connections", "err", err)
+		_ = srv.Close()
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+func logStart(log *slog.Logger, cfg serveConfig, opened stores.Opened, owner string, pol policy.Policy, lns *listeners) {
+	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
+		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
+	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
-	log.Info("egress proxy serving", "addr", ln.Addr().String(), "instance", owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
-		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(egress.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &components{
-		caPEM:         ca.PEM,
-		metrics:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		webhookSecret: pol.Secret,
-		tokens:        tokens,
-		browsers: func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
-			b, err := launcher.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
-			return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
-		},
-		stop: func(ctx context.Context) error {
-			// Browsers first: their open actions are recorded UNKNOWN and
-			// their pages' requests end before the egress proxy does.
-			err := bsrv.Shutdown(ctx)
-			if err != nil {
-				_ = bsrv.Close()
-			}
-			err = errors.Join(err, guard.Close(ctx), launcher.Close(ctx))
-			if serr := srv.Shutdown(ctx); serr != nil {
-				_ = srv.Close()
-				err = errors.Join(err, serr)
-			}
-			// What is still open now (tunnels, streams, calls that did not
-			// finish in time) is cut and recorded, not left to lease expiry.
-			egress.CutAll("stopgate_shutdown")
-			stopLoops()
-			loops.Wait()
-			for range 2 {
-				select {
-				case serr := <-serveErr:
-					if !errors.Is(serr, http.ErrServerClosed) {
-						err = errors.Join(err, serr)
-					}
-				default:
-				}
-			}
-			return err
-		},
-	}, nil
+	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlToken != "", "drain_timeout", cfg.DrainTimeout, "store", opened.Kind)
+	if cfg.ControlToken == "" && !isLoopback(lns.control.Addr()) {
+		log.Warn("the control API listens beyond loopback without a token: anyone who reaches it can cancel and complete runs; set --control-token", "addr", lns.control.Addr().String())
+	}
 }
 
 // instanceName names this process in leases and the audit log; the random
@@ -297,55 +329,6 @@ func instanceName() string {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("stopgate@%s/%d-%x", host, os.Getpid(), b)
-}
-
-// openStore opens the configured store: Redis when --store is set, else the
-// embedded file in the data directory. With --require-durable it refuses a
-// store that may lose an acknowledged cancel.
-func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (state.Store, error) {
-	ctx, cancel := context.WithTimeout(ctx, openTimeout)
-	defer cancel()
-	if cfg.Store == "" {
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
-		}
-		path := cfg.EmbeddedPath()
-		s, err := filestore.Open(path, filestore.Options{Logger: log.With("component", "store")})
-		if err != nil {
-			return nil, fmt.Errorf("opening the embedded store %s: %w", path, err)
-		}
-		// Every write transaction of the embedded store is fsynced before
-		// it returns: --require-durable holds by construction.
-		log.Info("store: embedded", "path", path, "durable", true)
-		return s, nil
-	}
-	where := redactURL(cfg.Store)
-	s, err := redisstore.Open(ctx, cfg.Store, redisstore.Options{Logger: log.With("component", "store")})
-	if errors.Is(err, state.ErrInvalid) {
-		return nil, usagef("serve", "--store (or STOPGATE_STORE): %v", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening the Redis store %s: %w", where, err)
-	}
-	d, err := s.Durability(ctx)
-	if err != nil {
-		if cfg.RequireDurable {
-			_ = s.Close()
-			return nil, fmt.Errorf("--require-durable: cannot tell whether Redis at %s persists writes: %w", where, err)
-		}
-		log.Warn("store: redis; cannot tell whether it persists writes", "url", where, "err", err)
-		return s, nil
-	}
-	if cfg.RequireDurable && !d.Safe() {
-		_ = s.Close()
-		return nil, fmt.Errorf("--require-durable: Redis at %s may lose an acknowledged cancel: %s; set appendonly yes and appendfsync always, or drop --require-durable", where, d.Describe())
-	}
-	level := slog.LevelInfo
-	if !d.Safe() {
-		level = slog.LevelWarn
-	}
-	log.Log(ctx, level, "store: redis", "url", where, "durability", d.Describe(), "durable", d.Safe())
-	return s, nil
 }
 
 func isLoopback(a net.Addr) bool {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -243,7 +241,7 @@ func (c *cli) waitCancel(ctx context.Context, cl *client.Client, o *verbOpts, ru
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	reply, err := c.pollSettled(waitCtx, cl, run.ID)
+	reply, err := cl.WaitSettled(waitCtx, run.ID, c.pollEvery)
 	if err != nil {
 		return err
 	}
@@ -268,51 +266,12 @@ func (c *cli) waitCancel(ctx context.Context, cl *client.Client, o *verbOpts, ru
 		}
 		return &exitCodeError{code: exitUnknown}
 	case state.StatusCancelling:
-		return fmt.Errorf("%s is still CANCELLING after waiting %s (drain deadline %s plus %s); is the finalizer of stopgate serve running?",
+		return fmt.Errorf("%s is still CANCELLING after waiting %s (drain deadline %s plus %s); is the sweeper of stopgate serve running?",
 			safe(final.ID), bound.Round(100*time.Millisecond), fmtTime(final.DrainDeadline), c.waitSlack)
 	default:
 		// Nothing else can follow a cancel; say what the row says.
 		return fmt.Errorf("%s is %s at cancel_version %d", safe(final.ID), final.Status, final.CancelVersion)
 	}
-}
-
-// pollSettled reads the row until it is no longer CANCELLING or ctx ends,
-// and returns the last row read. Failures that may pass (the store or the
-// server restarting) are retried until then.
-func (c *cli) pollSettled(ctx context.Context, cl *client.Client, runID string) (client.Reply[state.Run], error) {
-	var last client.Reply[state.Run]
-	var lastErr error
-	for {
-		r, err := cl.Run(ctx, runID)
-		switch {
-		case err == nil:
-			last, lastErr = r, nil
-			if r.Value.Status != state.StatusCancelling {
-				return last, nil
-			}
-		case ctx.Err() == nil && !retryable(err):
-			return last, err
-		default:
-			lastErr = err
-		}
-		select {
-		case <-ctx.Done():
-			if last.Body == nil {
-				return last, fmt.Errorf("reading %s while waiting: %w", runID, cmp.Or(lastErr, ctx.Err()))
-			}
-			return last, nil
-		case <-time.After(c.pollEvery):
-		}
-	}
-}
-
-// retryable reports whether a failed poll may succeed on the next one.
-func retryable(err error) bool {
-	var ae *client.APIError
-	if errors.As(err, &ae) {
-		return ae.StatusCode == http.StatusServiceUnavailable || ae.StatusCode == http.StatusBadGateway || ae.StatusCode == http.StatusGatewayTimeout
-	}
-	return true // the connection failed: the server may be restarting
 }
 
 func (c *cli) complete(ctx context.Context, args []string) error {

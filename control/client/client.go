@@ -7,6 +7,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -80,19 +82,21 @@ type Reply[T any] struct {
 	Body json.RawMessage
 }
 
-// APIError is an answer that is not a success.
+// APIError is an answer that is not a success: the status, and the
+// refusal the API sent (the same body every stopgate edge sends).
 type APIError struct {
 	StatusCode int
-	// Code is the API's error code (control.Code* or a conflict code).
-	Code string
-	// Message is the API's explanation, or a description of an answer that
-	// was not the API's JSON (a proxy in the way, say).
-	Message string
-	// Run is the row that refused a transition, on a 409.
-	Run *state.Run
+	refusal.Refusal
 }
 
-func (e *APIError) Error() string { return e.Message }
+// Error leads with the refusal's code, as the API's own messages do, so a
+// program's log and a person both see the reason and the words.
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return e.Message
+	}
+	return string(e.Code) + ": " + e.Message
+}
 
 // Admit creates the run ACTIVE at version 1, or returns it if it already
 // is ACTIVE (StatusCode 200 rather than 201).
@@ -194,6 +198,46 @@ func (c *Client) Resolve(ctx context.Context, runID, key string, req control.Res
 	return call[state.Intent](ctx, c, http.MethodPost, intentPath(runID, key, "resolve"), nil, req)
 }
 
+// WaitSettled reads the run's row every poll until it is no longer
+// CANCELLING (the sweeper moved it to CANCELLED or UNKNOWN) or ctx ends,
+// and returns the last row read. Failures that may pass — the server or
+// its store restarting — are read through until then.
+func (c *Client) WaitSettled(ctx context.Context, runID string, poll time.Duration) (Reply[state.Run], error) {
+	var last Reply[state.Run]
+	var lastErr error
+	for {
+		r, err := c.Run(ctx, runID)
+		switch {
+		case err == nil:
+			last, lastErr = r, nil
+			if r.Value.Status != state.StatusCancelling {
+				return last, nil
+			}
+		case ctx.Err() == nil && !retryable(err):
+			return last, err
+		default:
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			if last.Body == nil {
+				return last, fmt.Errorf("reading %s while waiting: %w", runID, cmp.Or(lastErr, ctx.Err()))
+			}
+			return last, nil
+		case <-time.After(poll):
+		}
+	}
+}
+
+// retryable reports whether a failed call may succeed when tried again.
+func retryable(err error) bool {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.StatusCode == http.StatusServiceUnavailable || ae.StatusCode == http.StatusBadGateway || ae.StatusCode == http.StatusGatewayTimeout
+	}
+	return true // the connection failed: the server may be restarting
+}
+
 // CA returns the egress proxy's MITM CA certificate, PEM, byte for byte.
 func (c *Client) CA(ctx context.Context) ([]byte, error) {
 	pem, _, err := c.do(ctx, http.MethodGet, "/v1/ca", nil, nil)
@@ -280,9 +324,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 }
 
 func apiError(resp *http.Response, raw []byte) error {
-	var body control.Error
+	var body refusal.Refusal
 	if err := json.Unmarshal(raw, &body); err == nil && body.Code != "" {
-		return &APIError{StatusCode: resp.StatusCode, Code: body.Code, Message: body.Message, Run: body.Run}
+		return &APIError{StatusCode: resp.StatusCode, Refusal: body}
 	}
 	// Not the API's JSON: something else answered (a proxy, another server
 	// on the port). Say what, with the start of the body.
@@ -294,7 +338,7 @@ func apiError(resp *http.Response, raw []byte) error {
 	if snippet != "" {
 		msg += ": " + snippet
 	}
-	return &APIError{StatusCode: resp.StatusCode, Message: msg}
+	return &APIError{StatusCode: resp.StatusCode, Refusal: refusal.Refusal{Message: msg}}
 }
 
 // unwrapURLError drops *url.Error's "Post \"http://...\":" prefix, which

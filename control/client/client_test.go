@@ -14,6 +14,7 @@ import (
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 )
@@ -79,7 +80,7 @@ func TestCalls(t *testing.T) {
 	if err != nil || a.Value.Run.ID != "r1" || len(a.Value.Events) != 2 {
 		t.Fatalf("audit: %+v %v", a.Value, err)
 	}
-	if _, err := c.Run(ctx, "nope"); !errors.As(err, &ae) || ae.Code != control.CodeNotFound {
+	if _, err := c.Run(ctx, "nope"); !errors.As(err, &ae) || ae.Code != refusal.NotFound {
 		t.Fatalf("unknown run: %v", err)
 	}
 }

@@ -377,7 +377,7 @@ func TestNoOpsDoNotCommit(t *testing.T) {
 		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "n", Actor: "t"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Tick(ctx, "n", "t"); err != nil {
+		if _, err := s.Tick(ctx, state.TickRequest{RunID: "n", Actor: "t"}); err != nil {
 			t.Fatal(err)
 		}
 		if res, err := s.Cancel(ctx, state.CancelRequest{RunID: "c", Actor: "t"}); err != nil || res.Changed {

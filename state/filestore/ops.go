@@ -15,11 +15,11 @@ import (
 // The rules each method applies are docs/state-machine.md, row by row.
 
 // Admit creates the run ACTIVE at version 1, or returns an ACTIVE row as it is.
-func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, error) {
+func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitResult, error) {
 	if err := req.Validate(); err != nil {
-		return state.Run{}, err
+		return state.AdmitResult{}, err
 	}
-	var out state.Run
+	var out state.AdmitResult
 	err := s.update(ctx, "admit", func(t *txn) error {
 		r, found, err := t.run(req.RunID)
 		if err != nil {
@@ -29,7 +29,7 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, e
 			if r.row.Status != state.StatusActive {
 				return r.conflict(state.RefusalRunNotActive, nil, "only an unseen run can be admitted")
 			}
-			out = r.row
+			out = state.AdmitResult{Run: r.row}
 			return nil
 		}
 		if r, err = t.admit(req.RunID, req.Actor, req.Reason); err != nil {
@@ -38,7 +38,7 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, e
 		if err := r.save(); err != nil {
 			return err
 		}
-		out = r.row
+		out = state.AdmitResult{Run: r.row, Created: true}
 		return nil
 	})
 	return out, err
@@ -469,37 +469,23 @@ func (t *txn) runIntent(runID, key string) (*runTx, *intentRecord, error) {
 	return r, rec, nil
 }
 
-// Renew extends the leases owner holds; anything else named is skipped.
-func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs []state.IntentRef) error {
-	if len(owner) > state.MaxTextLen {
-		return fmt.Errorf("%w: lease owner is %d bytes, longer than %d", state.ErrInvalid, len(owner), state.MaxTextLen)
+// Renew extends the leases req.Owner holds; anything else named is skipped.
+func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.RenewResult{}, err
 	}
-	if ttl <= 0 {
-		return fmt.Errorf("%w: lease TTL %s is not positive", state.ErrInvalid, ttl)
+	out := state.RenewResult{Runs: map[string]state.Run{}}
+	if len(req.Refs) == 0 {
+		return out, nil
 	}
-	for _, ref := range refs {
-		if err := state.ValidateRunID(ref.RunID); err != nil {
-			return err
-		}
-		if err := state.ValidateKey(ref.Key); err != nil {
-			return err
-		}
-	}
-	if len(refs) == 0 {
-		return nil
-	}
-	return s.update(ctx, "renew", func(t *txn) error {
+	err := s.update(ctx, "renew", func(t *txn) error {
 		runs := map[string]*runTx{}
-		for _, ref := range refs {
-			r, ok := runs[ref.RunID]
-			if !ok {
-				var found bool
+		for _, ref := range req.Refs {
+			r, seen := runs[ref.RunID]
+			if !seen {
 				var err error
-				if r, found, err = t.run(ref.RunID); err != nil {
+				if r, _, err = t.run(ref.RunID); err != nil {
 					return err
-				}
-				if !found {
-					r = nil
 				}
 				runs[ref.RunID] = r
 			}
@@ -510,43 +496,50 @@ func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs
 			if err != nil {
 				return err
 			}
-			if !found || rec.State != state.IntentInFlight || rec.LeaseOwner != owner {
+			if !found || rec.State != state.IntentInFlight || rec.LeaseOwner != req.Owner {
 				continue
 			}
-			rec.LeaseExpires = t.now.Add(ttl).Truncate(time.Millisecond)
+			rec.LeaseExpires = t.now.Add(req.TTL).Truncate(time.Millisecond)
 			if err := r.putIntent(rec, rec.State); err != nil {
 				return err
+			}
+			out.Renewed = append(out.Renewed, rec.Intent)
+		}
+		for id, r := range runs {
+			if r != nil {
+				out.Runs[id] = r.row
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		return state.RenewResult{}, err
+	}
+	return out, nil
 }
 
 // Tick expires leases and moves a cancelled run on. Any number of
 // instances may tick the same run: each tick is one transaction, and one
 // that finds nothing to do writes nothing.
-func (s *Store) Tick(ctx context.Context, runID string, actor string) (state.Run, error) {
-	if err := state.ValidateRunID(runID); err != nil {
+func (s *Store) Tick(ctx context.Context, req state.TickRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
 		return state.Run{}, err
-	}
-	if len(actor) > state.MaxTextLen {
-		return state.Run{}, fmt.Errorf("%w: actor is %d bytes, longer than %d", state.ErrInvalid, len(actor), state.MaxTextLen)
 	}
 	var out state.Run
 	err := s.update(ctx, "tick", func(t *txn) error {
-		r, found, err := t.run(runID)
+		r, found, err := t.run(req.RunID)
 		if err != nil {
 			return err
 		}
 		if !found {
-			return fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
+			return fmt.Errorf("run %s: %w", req.RunID, state.ErrNotFound)
 		}
 		switch r.row.Status {
 		case state.StatusActive:
-			err = r.expireLeases(actor)
+			err = r.expireLeases(req.Actor)
 		case state.StatusCancelling, state.StatusUnknown:
-			if err = r.expireLeases(actor); err == nil {
-				err = r.finalize(actor)
+			if err = r.expireLeases(req.Actor); err == nil {
+				err = r.finalize(req.Actor)
 			}
 		}
 		if err != nil {

@@ -67,7 +67,7 @@ func TestCluster(t *testing.T) {
 		must(s.Admit(ctx, state.AdmitRequest{RunID: "c1", Actor: "t"}))(t)
 		must(s.Guard(ctx, guardReq("c1", "k")))(t)
 		must(s.Cancel(ctx, state.CancelRequest{RunID: "c1", Actor: "op"}))(t)
-		if r := must(s.Tick(ctx, "c1", "f"))(t); r.Status != state.StatusUnknown {
+		if r := must(s.Tick(ctx, state.TickRequest{RunID: "c1", Actor: "f"}))(t); r.Status != state.StatusUnknown {
 			t.Fatalf("run after the walk on a cluster: %+v", r)
 		}
 		if live := must(s.LiveRuns(ctx))(t); len(live) != 1 || live[0] != "c1" {

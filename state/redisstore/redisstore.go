@@ -76,7 +76,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	s := &Store{
 		opTimeout: opts.OpTimeout,
 		log:       opts.Logger.With("store", "redis"),
-		addr:      redact(url),
+		addr:      Redact(url),
 		subs:      map[*redis.PubSub]struct{}{},
 	}
 	s.rdb = newClient(t, opts.OpTimeout)
@@ -201,7 +201,7 @@ type reply struct {
 	Conflict string            `json:"conflict"`
 	Detail   string            `json:"detail"`
 	NotFound string            `json:"notfound"`
-	Renewed  int               `json:"renewed"`
+	Renewed  []*record         `json:"renewed"`
 }
 
 // record is an intent as the scripts store it (JSON in the run's intents
@@ -346,23 +346,23 @@ func ms(d time.Duration) int64 {
 }
 
 // Admit creates the run ACTIVE at version 1, or returns an ACTIVE row as it is.
-func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.Run, error) {
+func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitResult, error) {
 	if err := req.Validate(); err != nil {
-		return state.Run{}, err
+		return state.AdmitResult{}, err
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	if err := s.index(ctx, "admit", req.RunID, true); err != nil {
-		return state.Run{}, err
+		return state.AdmitResult{}, err
 	}
 	r, err := s.call(ctx, "admit", req.RunID, admitScript, req.Actor, req.Reason)
 	if err != nil {
-		return state.Run{}, err
+		return state.AdmitResult{}, err
 	}
 	if r.Conflict != "" {
-		return state.Run{}, conflictOf(req.RunID, r)
+		return state.AdmitResult{}, conflictOf(req.RunID, r)
 	}
-	return runOf(req.RunID, r.Run), nil
+	return state.AdmitResult{Run: runOf(req.RunID, r.Run), Created: r.Changed}, nil
 }
 
 // Cancel is the compare-and-set ACTIVE → CANCELLING (or a tombstone for an
@@ -487,22 +487,13 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 }
 
 // Renew extends the owner's leases: one script per run named in refs.
-func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs []state.IntentRef) error {
-	if ttl <= 0 {
-		return fmt.Errorf("%w: lease TTL %s: want more than zero", state.ErrInvalid, ttl)
-	}
-	if len(owner) > state.MaxTextLen {
-		return fmt.Errorf("%w: lease owner is %d bytes, longer than %d", state.ErrInvalid, len(owner), state.MaxTextLen)
+func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.RenewResult{}, err
 	}
 	byRun := map[string][]any{}
 	var runs []string
-	for _, ref := range refs {
-		if err := state.ValidateRunID(ref.RunID); err != nil {
-			return err
-		}
-		if err := state.ValidateKey(ref.Key); err != nil {
-			return err
-		}
+	for _, ref := range req.Refs {
 		if _, ok := byRun[ref.RunID]; !ok {
 			runs = append(runs, ref.RunID)
 		}
@@ -510,33 +501,38 @@ func (s *Store) Renew(ctx context.Context, owner string, ttl time.Duration, refs
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
+	out := state.RenewResult{Runs: map[string]state.Run{}}
 	for _, id := range runs {
-		args := append([]any{owner, ms(ttl)}, byRun[id]...)
-		if _, err := s.call(ctx, "renew", id, renewScript, args...); err != nil {
-			return err
+		args := append([]any{req.Owner, ms(req.TTL)}, byRun[id]...)
+		r, err := s.call(ctx, "renew", id, renewScript, args...)
+		if err != nil {
+			return state.RenewResult{}, err
+		}
+		if r.Run != nil {
+			out.Runs[id] = runOf(id, r.Run)
+		}
+		for _, rec := range r.Renewed {
+			out.Renewed = append(out.Renewed, rec.intent(id))
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // Tick expires leases and moves a cancelled run on.
-func (s *Store) Tick(ctx context.Context, runID string, actor string) (state.Run, error) {
-	if err := state.ValidateRunID(runID); err != nil {
+func (s *Store) Tick(ctx context.Context, req state.TickRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
 		return state.Run{}, err
-	}
-	if len(actor) > state.MaxTextLen {
-		return state.Run{}, fmt.Errorf("%w: actor is %d bytes, longer than %d", state.ErrInvalid, len(actor), state.MaxTextLen)
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	r, err := s.call(ctx, "tick", runID, tickScript, actor)
+	r, err := s.call(ctx, "tick", req.RunID, tickScript, req.Actor)
 	if err != nil {
 		return state.Run{}, err
 	}
 	if r.NotFound != "" {
-		return state.Run{}, notFound(runID, r, "")
+		return state.Run{}, notFound(req.RunID, r, "")
 	}
-	return runOf(runID, r.Run), nil
+	return runOf(req.RunID, r.Run), nil
 }
 
 // Get returns the row. One HGETALL: the scripts write the row whole, so a

@@ -107,9 +107,12 @@ func TestScriptsReloadAfterScriptFlush(t *testing.T) {
 			_, err := s.Finish(ctx, state.FinishRequest{RunID: "r", Key: "k1", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"})
 			return err
 		},
-		func() error { return s.Renew(ctx, "proxy:1", time.Minute, []state.IntentRef{{RunID: "r", Key: "k2"}}) },
+		func() error {
+			_, err := s.Renew(ctx, state.RenewRequest{Owner: "proxy:1", TTL: time.Minute, Refs: []state.IntentRef{{RunID: "r", Key: "k2"}}})
+			return err
+		},
 		func() error { _, err := s.Cancel(ctx, state.CancelRequest{RunID: "r", Actor: "op"}); return err },
-		func() error { _, err := s.Tick(ctx, "r", "finalizer"); return err },
+		func() error { _, err := s.Tick(ctx, state.TickRequest{RunID: "r", Actor: "sweeper:test"}); return err },
 		func() error {
 			_, err := s.Complete(ctx, state.CompleteRequest{RunID: "r2", Version: 1, Actor: "worker"})
 			return err
@@ -172,8 +175,11 @@ func TestStoreDownIsUnavailable(t *testing.T) {
 			_, err := s.Resolve(ctx, state.ResolveRequest{RunID: "r", Key: "k", Source: "operator", Actor: "op"})
 			return err
 		}},
-		{"renew", func() error { return s.Renew(ctx, "proxy:1", time.Minute, []state.IntentRef{{RunID: "r", Key: "k"}}) }},
-		{"tick", func() error { _, err := s.Tick(ctx, "r", "f"); return err }},
+		{"renew", func() error {
+			_, err := s.Renew(ctx, state.RenewRequest{Owner: "proxy:1", TTL: time.Minute, Refs: []state.IntentRef{{RunID: "r", Key: "k"}}})
+			return err
+		}},
+		{"tick", func() error { _, err := s.Tick(ctx, state.TickRequest{RunID: "r", Actor: "f"}); return err }},
 		{"intent", func() error { _, err := s.Intent(ctx, "r", "k"); return err }},
 		{"intents", func() error { _, err := s.Intents(ctx, "r"); return err }},
 		{"events", func() error { _, err := s.Events(ctx, "r"); return err }},
@@ -310,7 +316,7 @@ func TestKeysShareHashTag(t *testing.T) {
 	retry.NotBefore = time.Now().Add(time.Hour)
 	must(s.Guard(ctx, retry))(t)
 	must(s.Cancel(ctx, state.CancelRequest{RunID: run, Actor: "op", DrainTimeout: time.Minute}))(t)
-	must(s.Tick(ctx, run, "finalizer"))(t)
+	must(s.Tick(ctx, state.TickRequest{RunID: run, Actor: "sweeper:test"}))(t)
 
 	var keys []string
 	it := raw(t, srv.Addr()).Scan(ctx, 0, "*", 100).Iterator()

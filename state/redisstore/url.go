@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stopgate/stopgate/state"
 )
 
 // target is what a store URL names: one node, a Sentinel-watched master, or
@@ -35,19 +37,19 @@ type target struct {
 func parseURL(raw string) (target, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return target{}, fmt.Errorf("store URL %q has no scheme: want redis://, rediss://, redis-sentinel:// or redis-cluster://", redact(raw))
+		return target{}, fmt.Errorf("store URL %q has no scheme: want redis://, rediss://, redis-sentinel:// or redis-cluster://", Redact(raw))
 	}
 	switch strings.ToLower(scheme) {
 	case "redis", "rediss":
 		opt, err := redis.ParseURL(raw)
 		if err != nil {
-			return target{}, fmt.Errorf("store URL %q: %w", redact(raw), err)
+			return target{}, fmt.Errorf("store URL %q: %w", Redact(raw), err)
 		}
 		return target{kind: "node", node: opt}, nil
 	case "redis-sentinel":
 		t, q, err := parseMultiHost(rest, "sentinel")
 		if err != nil {
-			return target{}, fmt.Errorf("store URL %q: %w", redact(raw), err)
+			return target{}, fmt.Errorf("store URL %q: %w", Redact(raw), err)
 		}
 		t.kind = "sentinel"
 		t.master = q.Get("master")
@@ -55,27 +57,27 @@ func parseURL(raw string) (target, error) {
 		q.Del("master")
 		q.Del("sentinel_password")
 		if t.master == "" {
-			return target{}, fmt.Errorf("store URL %q: a sentinel URL needs the master's name: add ?master=NAME", redact(raw))
+			return target{}, fmt.Errorf("store URL %q: a sentinel URL needs the master's name: add ?master=NAME", Redact(raw))
 		}
 		if err := noOtherParams(q, "master, sentinel_password"); err != nil {
-			return target{}, fmt.Errorf("store URL %q: %w", redact(raw), err)
+			return target{}, fmt.Errorf("store URL %q: %w", Redact(raw), err)
 		}
 		return t, nil
 	case "redis-cluster":
 		t, q, err := parseMultiHost(rest, "cluster node")
 		if err != nil {
-			return target{}, fmt.Errorf("store URL %q: %w", redact(raw), err)
+			return target{}, fmt.Errorf("store URL %q: %w", Redact(raw), err)
 		}
 		t.kind = "cluster"
 		if t.db != 0 {
-			return target{}, fmt.Errorf("store URL %q: Redis Cluster has only database 0, not %d", redact(raw), t.db)
+			return target{}, fmt.Errorf("store URL %q: Redis Cluster has only database 0, not %d", Redact(raw), t.db)
 		}
 		if err := noOtherParams(q, "none"); err != nil {
-			return target{}, fmt.Errorf("store URL %q: %w", redact(raw), err)
+			return target{}, fmt.Errorf("store URL %q: %w", Redact(raw), err)
 		}
 		return t, nil
 	default:
-		return target{}, fmt.Errorf("store URL %q: unknown scheme %q: want redis, rediss, redis-sentinel or redis-cluster", redact(raw), scheme)
+		return target{}, fmt.Errorf("store URL %q: unknown scheme %q: want redis, rediss, redis-sentinel or redis-cluster", Redact(raw), scheme)
 	}
 }
 
@@ -133,29 +135,74 @@ func noOtherParams(q url.Values, allowed string) error {
 	return nil
 }
 
-// redact hides the passwords of a URL (user info and sentinel_password) in
-// error messages.
-func redact(raw string) string {
-	out := raw
-	if scheme, rest, ok := strings.Cut(raw, "://"); ok {
-		authority, tail, hasTail := strings.Cut(rest, "/")
-		if i := strings.LastIndex(authority, "@"); i >= 0 {
-			if user, _, hasPass := strings.Cut(authority[:i], ":"); hasPass {
-				out = scheme + "://" + user + ":xxxxx@" + authority[i+1:]
-				if hasTail {
-					out += "/" + tail
-				}
+// Redact hides every secret a store URL may hold — the password of its user
+// information (whatever the scheme, and in a string with no scheme at all)
+// and the value of every query parameter that names a secret
+// (sentinel_password, and any other *pass*, *secret*, *token*, *auth* or
+// *key* parameter) — and keeps what names the servers and the database.
+// Every log line and error that shows a store URL shows it through Redact.
+func Redact(raw string) string {
+	scheme, rest, hasScheme := strings.Cut(raw, "://")
+	if !hasScheme {
+		scheme, rest = "", raw
+	}
+	rest, fragment, hasFragment := strings.Cut(rest, "#")
+	rest, query, hasQuery := strings.Cut(rest, "?")
+	authority, path, hasPath := strings.Cut(rest, "/")
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		if user, _, hasPass := strings.Cut(authority[:i], ":"); hasPass {
+			authority = user + ":" + masked + authority[i:]
+		}
+	}
+	var b strings.Builder
+	if hasScheme {
+		b.WriteString(scheme + "://")
+	}
+	b.WriteString(authority)
+	if hasPath {
+		b.WriteString("/" + path)
+	}
+	if hasQuery {
+		b.WriteByte('?')
+		for i, part := range strings.Split(query, "&") {
+			if i > 0 {
+				b.WriteByte('&')
 			}
+			name, _, hasValue := strings.Cut(part, "=")
+			if hasValue && secretParam(name) {
+				part = name + "=" + masked
+			}
+			b.WriteString(part)
 		}
 	}
-	const param = "sentinel_password="
-	if i := strings.Index(out, param); i >= 0 {
-		start := i + len(param)
-		end := strings.IndexByte(out[start:], '&')
-		if end < 0 {
-			end = len(out) - start
-		}
-		out = out[:start] + "xxxxx" + out[start+end:]
+	if hasFragment && fragment != "" {
+		// A fragment means nothing to a store; it is never shown.
+		b.WriteString("#" + masked)
 	}
-	return out
+	return b.String()
+}
+
+// masked stands where a secret was.
+const masked = "xxxxx"
+
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	if unescaped, err := url.QueryUnescape(name); err == nil {
+		name = unescaped
+	}
+	for _, word := range []string{"pass", "secret", "token", "auth", "key", "cred"} {
+		if strings.Contains(name, word) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckURL reports what is wrong with a store URL without connecting; the
+// error wraps state.ErrInvalid and shows the URL redacted.
+func CheckURL(raw string) error {
+	if _, err := parseURL(raw); err != nil {
+		return fmt.Errorf("%w: %w", state.ErrInvalid, err)
+	}
+	return nil
 }

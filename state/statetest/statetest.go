@@ -74,7 +74,7 @@ func admit(t *testing.T, s state.Store, id string) state.Run {
 	if err != nil {
 		t.Fatalf("admit %s: %v", id, err)
 	}
-	return r
+	return r.Run
 }
 
 func cancel(t *testing.T, s state.Store, id string, drain time.Duration) state.CancelResult {
@@ -136,7 +136,7 @@ func finish(t *testing.T, s state.Store, in state.Intent, outcome state.IntentSt
 
 func tick(t *testing.T, s state.Store, id string) state.Run {
 	t.Helper()
-	r, err := s.Tick(ctx(t), id, "finalizer:test")
+	r, err := s.Tick(ctx(t), state.TickRequest{RunID: id, Actor: "sweeper:test"})
 	if err != nil {
 		t.Fatalf("tick %s: %v", id, err)
 	}
@@ -176,24 +176,38 @@ func wantCounts(t *testing.T, r state.Run, want map[state.IntentState]int) {
 }
 
 func testAdmit(t *testing.T, s state.Store) {
-	r := admit(t, s, "run_1")
+	first, err := s.Admit(ctx(t), state.AdmitRequest{RunID: "run_1", Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := first.Run
 	wantRun(t, r, state.StatusActive, 1)
 	if r.ID != "run_1" || r.CreatedAt.IsZero() || r.UpdatedAt.IsZero() {
 		t.Fatalf("admitted row lacks id or times: %+v", r)
 	}
-	again := admit(t, s, "run_1")
+	if !first.Created {
+		t.Fatalf("the first admission of run_1 says it did not create the row")
+	}
+	second, err := s.Admit(ctx(t), state.AdmitRequest{RunID: "run_1", Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := second.Run
 	wantRun(t, again, state.StatusActive, 1)
+	if second.Created {
+		t.Fatalf("a repeated admission of an ACTIVE run says it created the row")
+	}
 	if !again.CreatedAt.Equal(r.CreatedAt) {
 		t.Fatalf("re-admission rewrote created_at: %v then %v", r.CreatedAt, again.CreatedAt)
 	}
 	cancel(t, s, "run_1", time.Minute)
-	_, err := s.Admit(ctx(t), state.AdmitRequest{RunID: "run_1", Actor: "test"})
+	_, err = s.Admit(ctx(t), state.AdmitRequest{RunID: "run_1", Actor: "test"})
 	c := wantConflict(t, err, state.RefusalRunNotActive)
 	wantRun(t, c.Run, state.StatusCancelling, 2)
 }
 
 func testAdmitInvalid(t *testing.T, s state.Store) {
-	for _, id := range []string{"", "has space", "brace{tag}", string(make([]byte, 200)), "slash/run"} {
+	for _, id := range []string{"", "has space", "brace{tag}", string(make([]byte, 200)), "slash/run", ".", "..", "..."} {
 		_, err := s.Admit(ctx(t), state.AdmitRequest{RunID: id, Actor: "test"})
 		if !errors.Is(err, state.ErrInvalid) {
 			t.Errorf("admit %q: got %v, want ErrInvalid", id, err)
@@ -556,9 +570,35 @@ func testRenew(t *testing.T, s state.Store) {
 	admit(t, s, "n")
 	res := guard(t, s, state.GuardRequest{RunID: "n", Key: "k", ExplicitKey: true, LeaseTTL: 150 * time.Millisecond, LeaseOwner: "me"})
 	other := guard(t, s, state.GuardRequest{RunID: "n", Key: "k2", ExplicitKey: true, LeaseTTL: 150 * time.Millisecond, LeaseOwner: "them"})
-	_ = other
-	if err := s.Renew(ctx(t), "me", time.Minute, []state.IntentRef{{RunID: "n", Key: "k"}, {RunID: "n", Key: "k2"}, {RunID: "n", Key: "missing"}}); err != nil {
+	renewed, err := s.Renew(ctx(t), state.RenewRequest{Owner: "me", TTL: time.Minute,
+		Refs: []state.IntentRef{{RunID: "n", Key: "k"}, {RunID: "n", Key: "k2"}, {RunID: "n", Key: "missing"}, {RunID: "unseen", Key: "k"}}})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if in, ok := renewed.Holds(state.IntentRef{RunID: "n", Key: "k"}); !ok || !in.LeaseExpires.After(res.Intent.LeaseExpires) {
+		t.Fatalf("the owner's lease is not reported renewed: %+v", renewed)
+	}
+	for _, ref := range []state.IntentRef{{RunID: "n", Key: other.Intent.Key}, {RunID: "n", Key: "missing"}, {RunID: "unseen", Key: "k"}} {
+		if _, ok := renewed.Holds(ref); ok {
+			t.Fatalf("renewal reports %v renewed: %+v", ref, renewed)
+		}
+	}
+	if len(renewed.Renewed) != 1 {
+		t.Fatalf("renewal reports %d leases renewed, want 1: %+v", len(renewed.Renewed), renewed.Renewed)
+	}
+	if row, ok := renewed.Runs["n"]; !ok || row.Status != state.StatusActive || row.CancelVersion != 1 {
+		t.Fatalf("renewal does not report the run's row: %+v", renewed.Runs)
+	}
+	if _, ok := renewed.Runs["unseen"]; ok {
+		t.Fatalf("renewal reports a row for a run never seen: %+v", renewed.Runs)
+	}
+	cancel(t, s, "n", time.Minute)
+	renewed, err = s.Renew(ctx(t), state.RenewRequest{Owner: "me", TTL: time.Minute, Refs: []state.IntentRef{{RunID: "n", Key: "k"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row := renewed.Runs["n"]; row.Status != state.StatusCancelling || row.CancelVersion != 2 {
+		t.Fatalf("after the cancel, renewal reports the row %+v, want CANCELLING at 2", row)
 	}
 	time.Sleep(250 * time.Millisecond)
 	tick(t, s, "n")

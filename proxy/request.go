@@ -1,0 +1,284 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
+)
+
+// exchange is everything decided about one proxied request or CONNECT,
+// kept in goproxy's per-request UserData from the identity to the outcome.
+// A CONNECT's exchange holds the identity the tunnel was opened with; each
+// request inside the tunnel gets an exchange of its own that starts from it.
+type exchange struct {
+	id    identity
+	hasID bool
+	start time.Time
+	flow  *flow
+	body  *spooledBody
+	// ctx is the request's context, cancelled with a cause when the flow is cut.
+	ctx context.Context
+	// store is how long the guard took.
+	store time.Duration
+}
+
+// exchangeOf returns the exchange of a goproxy context, nil if it has none.
+func exchangeOf(pctx *goproxy.ProxyCtx) *exchange {
+	ex, _ := pctx.UserData.(*exchange)
+	return ex
+}
+
+// decision is the start of the canonical line of an exchange.
+func (ex *exchange) decision(boundary state.Boundary, method, host string) telemetry.Decision {
+	d := telemetry.Decision{Boundary: boundary, Method: method, Host: host, Store: ex.store}
+	if ex.hasID {
+		d.Run, d.Version, d.Via = ex.id.run, ex.id.version, ex.id.via
+	}
+	if !ex.start.IsZero() {
+		d.Duration = time.Since(ex.start)
+	}
+	return d
+}
+
+// refuse records a refusal of the exchange and renders it for req.
+func (p *Proxy) refuse(req *http.Request, ex *exchange, boundary state.Boundary, r *refusal.Refusal) *http.Response {
+	d := ex.decision(boundary, req.Method, hostOf(req))
+	d.Result, d.Reason, d.Intent, d.Recorded = telemetry.Refused, string(r.Code), r.Intent, r.Recorded
+	if r.Code == refusal.StoreUnavailable || r.Code == refusal.Internal {
+		// The cause is for the operator, in the same line.
+		d.Detail = r.Message
+	}
+	p.tel.Decided(req.Context(), d)
+	return r.Response(req)
+}
+
+// hostOf is the destination's host:port as the request names it.
+func hostOf(req *http.Request) string {
+	if req.URL != nil && req.URL.Host != "" {
+		return req.URL.Host
+	}
+	return req.Host
+}
+
+// handleRequest guards one request (plain, or inside a MITM tunnel).
+func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	ex := &exchange{start: time.Now()}
+	fallback := p.boundRun(req)
+	if tunnel := exchangeOf(pctx); tunnel != nil && tunnel.hasID {
+		fallback = &tunnel.id
+	}
+	pctx.UserData = ex
+	id, err := identify(req.Header, fallback, p.tokens)
+	if err != nil {
+		return req, p.refuse(req, ex, state.BoundaryHTTP, identityRefusal(err))
+	}
+	ex.id, ex.hasID = id, true
+	stripIdentity(req.Header)
+
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := spool(req.Body, p.cfg.SpoolDir, p.cfg.MaxBody)
+		_ = req.Body.Close()
+		if err != nil {
+			return req, p.refuse(req, ex, state.BoundaryHTTP, p.bodyRefusal(req, err))
+		}
+		ex.body = body
+		req.Body = body
+		req.ContentLength = body.size
+		req.TransferEncoding = nil
+		req.Header.Set("Content-Length", strconv.FormatInt(body.size, 10))
+	}
+	digest := ""
+	if ex.body != nil {
+		digest = ex.body.digest
+	}
+	key, explicit := req.Header.Get("Idempotency-Key"), true
+	if key == "" {
+		key, explicit = intents.DerivedKey(id.run, req.Method, req.URL.String(), digest), false
+	}
+	allow := p.cfg.Delivery.Match(req.URL.Host)
+	boundary := state.BoundaryHTTP
+	if allow {
+		boundary = state.BoundaryDelivery
+	}
+	greq := state.GuardRequest{
+		RunID: id.run, ObservedVersion: id.version, Key: key, ExplicitKey: explicit,
+		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL), BodyDigest: digest,
+		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
+	}
+	started := time.Now()
+	res, err := p.cfg.Ledger.Begin(req.Context(), greq)
+	ex.store = time.Since(started)
+	if err == nil && !res.Admitted {
+		// The row says the run moved on: whatever else of it is open here
+		// learns now rather than at the next broadcast or re-check.
+		p.cfg.Watcher.Observe(context.WithoutCancel(req.Context()), res.Run)
+		err = refusal.FromGuard(greq, res)
+	}
+	if err != nil {
+		closeBody(ex.body)
+		return req, p.refuse(req, ex, boundary, refusal.FromError(err))
+	}
+
+	ctx, cut := context.WithCancelCause(req.Context())
+	ex.ctx = ctx
+	ex.flow = &flow{id: id, intent: res.Intent, boundary: boundary, method: req.Method, allowCancelling: allow, cut: cut}
+	p.flows.add(ex.flow)
+	d := ex.decision(boundary, req.Method, hostOf(req))
+	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
+	if ex.body != nil {
+		d.Bytes = ex.body.size
+	}
+	p.tel.Decided(req.Context(), d)
+	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
+	return req, nil
+}
+
+// identityRefusal is the refusal of a request whose run cannot be named.
+func identityRefusal(err error) *refusal.Refusal {
+	var bad badCredentials
+	if errors.Is(err, errNoIdentity) || errors.As(err, &bad) {
+		return refusal.Wrap(err, refusal.NoRunIdentity, "%v", err)
+	}
+	return refusal.Wrap(err, refusal.BadRunIdentity, "%v", err)
+}
+
+// bodyRefusal is the refusal of a request whose body could not be taken.
+func (p *Proxy) bodyRefusal(req *http.Request, err error) *refusal.Refusal {
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		return refusal.Wrap(err, refusal.BodyTooLarge, "request body is larger than %d bytes (the proxy's --max-body); nothing was sent", p.cfg.MaxBody)
+	case req.Context().Err() != nil:
+		return refusal.Wrap(err, refusal.ClientGone, "the client went away while sending the request body; nothing was sent")
+	}
+	return refusal.Wrap(err, refusal.BadRequestBody, "%v; nothing was sent", err)
+}
+
+// roundTrip sends an admitted request upstream and records its outcome. It
+// never returns an error: inside a MITM tunnel goproxy would close the
+// client's connection without an answer.
+func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
+	ex := exchangeOf(pctx)
+	f := ex.flow
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { wrote.Store(true) },
+		WroteHeaders:     func() { wrote.Store(true) },
+	}
+	resp, err := p.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(ex.ctx, trace)))
+	if err != nil {
+		defer p.flows.remove(f)
+		defer closeBody(ex.body)
+		outcome, reason := state.IntentNotSent, "upstream: "+err.Error()
+		if wrote.Load() {
+			outcome = state.IntentUnknown
+		}
+		code := refusal.UpstreamFailed
+		var ce *cutError
+		if errors.As(context.Cause(ex.ctx), &ce) {
+			reason, code = ce.reason, refusal.RunNotActive
+		}
+		p.finish(req.Context(), ex, outcome, 0, reason)
+		r := refusal.Wrap(err, code, "%s; recorded %s", reason, outcome)
+		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, outcome
+		return r.Response(req), nil
+	}
+	closeBody(ex.body)
+	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		f.streaming.Store(true)
+	}
+	f.answered.Store(true)
+	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols {
+		// goproxy flushes to the client as bytes come only for SSE or a
+		// chunked header, which Go's transport strips: without it, an
+		// NDJSON stream would sit in the server's buffer.
+		resp.Header.Set("Transfer-Encoding", "chunked")
+	}
+	p.finish(req.Context(), ex, state.IntentResponded, resp.StatusCode, "")
+	// Only stopgate speaks in its own headers: an upstream's would mislead the agent.
+	resp.Header.Del(refusal.Header)
+	resp.Header.Set(refusal.IntentHeader, f.intent.Key)
+	upstreamBody := resp.Body
+	// A cut closes the body itself: an upgraded connection (WebSocket) no
+	// longer listens to the request's context.
+	stopCloser := context.AfterFunc(ex.ctx, func() { _ = upstreamBody.Close() })
+	body := &flowBody{ReadCloser: upstreamBody, done: func() { stopCloser(); p.flows.remove(f); f.cut(nil) }}
+	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		// goproxy writes the client's frames into an upgraded body.
+		resp.Body = &flowUpgradedBody{flowBody: body, w: rw}
+	} else {
+		resp.Body = body
+	}
+	return resp, nil
+}
+
+// finish records the outcome of the exchange's effect and its canonical line.
+func (p *Proxy) finish(ctx context.Context, ex *exchange, outcome state.IntentState, code int, reason string) {
+	f := ex.flow
+	started := time.Now()
+	_, err := p.cfg.Ledger.Finish(ctx, f.intent, outcome, code, state.Clip(reason, 512))
+	d := ex.decision(f.boundary, f.method, "")
+	d.Result, d.Intent, d.Recorded, d.StatusCode, d.Store = telemetry.Finished, f.intent.Key, outcome, code, time.Since(started)
+	var ce *cutError
+	if ex.ctx != nil && errors.As(context.Cause(ex.ctx), &ce) {
+		d.Result, d.Reason = telemetry.Cut, ce.reason
+	}
+	if err != nil {
+		p.tel.Metrics().StoreError("outcome")
+		d.Detail = "outcome not recorded; the lease will expire into UNKNOWN: " + err.Error()
+	}
+	p.tel.Decided(ctx, d)
+}
+
+// flowBody ends its flow when the response body is done.
+type flowBody struct {
+	io.ReadCloser
+	once atomic.Bool
+	done func()
+}
+
+func (b *flowBody) Close() error {
+	err := b.ReadCloser.Close()
+	if b.once.CompareAndSwap(false, true) {
+		b.done()
+	}
+	return err
+}
+
+// flowUpgradedBody is the body of a 101 Switching Protocols answer: both
+// directions of the upgraded connection.
+type flowUpgradedBody struct {
+	*flowBody
+	w io.Writer
+}
+
+func (b *flowUpgradedBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+func closeBody(b *spooledBody) {
+	if b != nil {
+		_ = b.Close()
+	}
+}
+
+// recordedTarget is the URL kept in the ledger: without credentials or
+// query, which often carry secrets; the derived key still covers the query.
+func recordedTarget(u *url.URL) string {
+	c := *u
+	c.User = nil
+	c.RawQuery = ""
+	c.Fragment = ""
+	return state.Clip(c.String(), state.MaxTargetLen)
+}

@@ -1,0 +1,160 @@
+package runwatch_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/runwatch"
+	"github.com/stopgate/stopgate/state"
+)
+
+// holder records the rows it is handed for the runs it holds.
+type holder struct {
+	mu   sync.Mutex
+	runs []string
+	got  []state.Run
+}
+
+func (h *holder) Holds(run string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.runs, run)
+}
+
+func (h *holder) Runs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.runs)
+}
+
+func (h *holder) Enforce(row state.Run) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.got = append(h.got, row)
+}
+
+func (h *holder) last(run string) (state.Run, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.got) - 1; i >= 0; i-- {
+		if h.got[i].ID == run {
+			return h.got[i], true
+		}
+	}
+	return state.Run{}, false
+}
+
+func (h *holder) count(run string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.got {
+		if r.ID == run {
+			n++
+		}
+	}
+	return n
+}
+
+func admitAndCancel(t *testing.T, s state.Store, run string, drain time.Duration) {
+	t.Helper()
+	if _, err := s.Admit(context.Background(), state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(context.Background(), state.CancelRequest{RunID: run, Actor: "t", DrainTimeout: drain}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOneBroadcastReachesEveryHolder: a cancel (here, the tombstone of a
+// run never admitted) reaches each holder of the run through the one
+// subscription, long before the re-check interval; a holder that does not
+// hold the run is not bothered.
+func TestOneBroadcastReachesEveryHolder(t *testing.T) {
+	store := testkit.FileStore(t)
+	w := runwatch.New(store, runwatch.Options{Interval: time.Hour, Logger: testkit.Logger()})
+	a, b, other := &holder{runs: []string{"r"}}, &holder{runs: []string{"r"}}, &holder{runs: []string{"x"}}
+	for _, h := range []*holder{a, b, other} {
+		w.Add(h)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	// The subscription is made as Run starts; a cancel before it would
+	// only be seen by the re-check, an hour away.
+	testkit.Eventually(t, 5*time.Second, "the cancel of r reaches both holders", func() bool {
+		if a.count("r") == 0 {
+			_, _ = store.Cancel(context.Background(), state.CancelRequest{RunID: "r", Actor: "t", DrainTimeout: time.Minute})
+		}
+		ra, okA := a.last("r")
+		rb, okB := b.last("r")
+		return okA && okB && ra.Status == state.StatusCancelled && rb.Status == state.StatusCancelled
+	})
+	if other.count("r") != 0 {
+		t.Fatalf("a holder of another run was handed r's row")
+	}
+}
+
+// TestReCheckFindsWhatNoBroadcastSaid: a run that moves on without a
+// broadcast (the sweeper, or a broadcast lost) reaches its holders at the
+// next re-check.
+func TestReCheckFindsWhatNoBroadcastSaid(t *testing.T) {
+	store := testkit.FileStore(t)
+	admitAndCancel(t, store, "quiet", time.Minute)
+	w := runwatch.New(store, runwatch.Options{Interval: 50 * time.Millisecond, Logger: testkit.Logger()})
+	h := &holder{runs: []string{"quiet"}}
+	w.Add(h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	testkit.Eventually(t, 5*time.Second, "the re-check hands over the cancelled row", func() bool {
+		r, ok := h.last("quiet")
+		return ok && r.Status == state.StatusCancelling && r.CancelVersion == 2
+	})
+}
+
+// TestDeadlineIsReadAgain: a holder handed a draining row is handed it
+// again just after the drain deadline, without waiting for the re-check.
+func TestDeadlineIsReadAgain(t *testing.T) {
+	store := testkit.FileStore(t)
+	if _, err := store.Admit(context.Background(), state.AdmitRequest{RunID: "d", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Guard(context.Background(), state.GuardRequest{RunID: "d", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseTTL: time.Hour, LeaseOwner: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	w := runwatch.New(store, runwatch.Options{Interval: time.Hour, Logger: testkit.Logger()})
+	h := &holder{runs: []string{"d"}}
+	w.Add(h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	testkit.Eventually(t, 5*time.Second, "the cancel reaches the holder", func() bool {
+		if h.count("d") == 0 {
+			_, _ = store.Cancel(context.Background(), state.CancelRequest{RunID: "d", Actor: "t", DrainTimeout: 200 * time.Millisecond})
+		}
+		return h.count("d") > 0
+	})
+	first := h.count("d")
+	testkit.Eventually(t, 5*time.Second, "the row is read again after its drain deadline", func() bool {
+		r, _ := h.last("d")
+		return h.count("d") > first && time.Now().After(r.DrainDeadline)
+	})
+}
+
+// TestObserveHandsARowOver: a row already read elsewhere (a refused
+// guard) reaches the holders without a store read.
+func TestObserveHandsARowOver(t *testing.T) {
+	w := runwatch.New(testkit.FileStore(t), runwatch.Options{Interval: time.Hour})
+	h := &holder{runs: []string{"o"}}
+	w.Add(h)
+	w.Observe(context.Background(), state.Run{ID: "o", Status: state.StatusCancelling, CancelVersion: 2})
+	w.Observe(context.Background(), state.Run{ID: "not-held", Status: state.StatusCancelling})
+	if r, ok := h.last("o"); !ok || r.CancelVersion != 2 || h.count("not-held") != 0 {
+		t.Fatalf("observed rows handed over: %+v", h.got)
+	}
+}

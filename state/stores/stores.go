@@ -1,0 +1,158 @@
+// Package stores opens the state.Store a configuration names: the embedded
+// store in a data directory when no URL is given, the Redis store for a
+// redis://, rediss://, redis-sentinel:// or redis-cluster:// URL. It says
+// what it opened and whether an acknowledged cancel survives a crash of the
+// store, and refuses a store that may lose one when durability is required.
+//
+// It owns the one way a store URL is shown (Redact): no password of any URL
+// form ever reaches a log line or an error through it. It never serves
+// anything and never keeps the store it opens.
+package stores
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/filestore"
+	"github.com/stopgate/stopgate/state/redisstore"
+)
+
+// EmbeddedFile is the embedded store's file inside the data directory.
+const EmbeddedFile = "stopgate.db"
+
+// Config names a store.
+type Config struct {
+	// URL is a Redis URL, or empty for the embedded store in DataDir.
+	URL string
+	// DataDir holds the embedded store's file.
+	DataDir string
+	// RequireDurable refuses a store that may lose an acknowledged write.
+	RequireDurable bool
+	// OpTimeout bounds each Redis operation (redisstore's default when zero).
+	OpTimeout time.Duration
+	Logger    *slog.Logger
+}
+
+// Opened is an open store and what is known of it.
+type Opened struct {
+	Store state.Store
+	// Kind is "file" or "redis", for logs and metric labels.
+	Kind string
+	// Where is the file's path or the URL, redacted.
+	Where string
+	// Durable says an acknowledged write survives a crash of the store
+	// and a power loss.
+	Durable bool
+	// Durability says so in words, for the start-up log.
+	Durability string
+}
+
+// ErrNotDurable is a store refused because durability is required and it
+// may lose an acknowledged write.
+var ErrNotDurable = errors.New("the store may lose an acknowledged cancel")
+
+// Redact hides every secret of a store URL: see redisstore.Redact.
+func Redact(url string) string { return redisstore.Redact(url) }
+
+// Check reports what is wrong with cfg without opening anything. Its
+// errors wrap state.ErrInvalid and never show a password.
+func Check(cfg Config) error {
+	if cfg.URL == "" {
+		if cfg.DataDir == "" {
+			return fmt.Errorf("%w: no store URL and no data directory for the embedded store", state.ErrInvalid)
+		}
+		return nil
+	}
+	scheme, rest, ok := strings.Cut(cfg.URL, "://")
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s has no scheme; want redis://HOST:PORT/DB, or no store URL for the embedded store", state.ErrInvalid, Redact(cfg.URL))
+	case !redisScheme(strings.ToLower(scheme)):
+		return fmt.Errorf("%w: scheme %q: want redis://, rediss://, redis-sentinel:// or redis-cluster://, or no store URL for the embedded store", state.ErrInvalid, scheme)
+	case host(rest) == "":
+		return fmt.Errorf("%w: %s has no host; want redis://HOST:PORT/DB", state.ErrInvalid, Redact(cfg.URL))
+	}
+	return redisstore.CheckURL(cfg.URL)
+}
+
+// host is the servers part of a URL after its scheme: the authority
+// without its user information.
+func host(rest string) string {
+	authority, _, _ := strings.Cut(rest, "/")
+	authority, _, _ = strings.Cut(authority, "?")
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		authority = authority[at+1:]
+	}
+	return authority
+}
+
+func redisScheme(scheme string) bool {
+	switch scheme {
+	case "redis", "rediss", "redis-sentinel", "redis-cluster":
+		return true
+	}
+	return false
+}
+
+// Open opens the store cfg names.
+func Open(ctx context.Context, cfg Config) (Opened, error) {
+	if err := Check(cfg); err != nil {
+		return Opened{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.URL == "" {
+		return openEmbedded(cfg)
+	}
+	return openRedis(ctx, cfg)
+}
+
+func openEmbedded(cfg Config) (Opened, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return Opened{}, fmt.Errorf("data directory %s: %w", cfg.DataDir, err)
+	}
+	path := filepath.Join(cfg.DataDir, EmbeddedFile)
+	s, err := filestore.Open(path, filestore.Options{Logger: cfg.Logger})
+	if err != nil {
+		return Opened{}, fmt.Errorf("opening the embedded store %s: %w", path, err)
+	}
+	// Every write transaction of the embedded store is fsynced before it
+	// returns: durability holds by construction.
+	return Opened{Store: s, Kind: "file", Where: path, Durable: true,
+		Durability: "every acknowledged write is fsynced to " + path + " before it is acknowledged"}, nil
+}
+
+func openRedis(ctx context.Context, cfg Config) (Opened, error) {
+	where := Redact(cfg.URL)
+	s, err := redisstore.Open(ctx, cfg.URL, redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout})
+	if err != nil {
+		if errors.Is(err, state.ErrInvalid) {
+			return Opened{}, err
+		}
+		return Opened{}, fmt.Errorf("opening the Redis store %s: %w", where, err)
+	}
+	out := Opened{Store: s, Kind: "redis", Where: where}
+	d, err := s.Durability(ctx)
+	if err != nil {
+		if cfg.RequireDurable {
+			_ = s.Close()
+			return Opened{}, fmt.Errorf("%w: Redis at %s does not say whether it persists writes: %w", ErrNotDurable, where, err)
+		}
+		out.Durability = "unknown: " + err.Error()
+		return out, nil
+	}
+	out.Durable, out.Durability = d.Safe(), d.Describe()
+	if cfg.RequireDurable && !out.Durable {
+		_ = s.Close()
+		return Opened{}, fmt.Errorf("%w: Redis at %s: %s; set appendonly yes and appendfsync always", ErrNotDurable, where, out.Durability)
+	}
+	return out, nil
+}

@@ -1,0 +1,177 @@
+// Package telemetry is stopgate's own account of what it decided: one
+// canonical log line for every decision at a boundary (admitted, refused,
+// cut, finished), and the Prometheus metrics an operator watches. Every
+// edge reports a decision through Decided, so the log line and the counters
+// never disagree and a field added here appears everywhere.
+//
+// It never logs a token, a secret, a request body or a query string, and its
+// metric labels are bounded (no run ids, no hosts). It never decides
+// anything: it records what the edges and the store decided.
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/state"
+)
+
+// Result is what became of a request or an effect at a boundary.
+type Result string
+
+// Results. A request is admitted or refused by the decision; an admitted
+// effect later finishes, or is cut.
+const (
+	Admitted Result = "admitted"
+	Refused  Result = "refused"
+	Finished Result = "finished"
+	Cut      Result = "cut"
+)
+
+// Decision is one decision at a boundary, with what the canonical log line
+// says about it. Zero fields are left out of the line.
+type Decision struct {
+	Boundary state.Boundary
+	Result   Result
+	// Reason is the refusal code (refused), or why the effect was cut.
+	Reason string
+	Run    string
+	// Version is the cancel_version the caller observed.
+	Version int64
+	Method  string
+	// Host is the destination's host (never its path or query).
+	Host string
+	// Intent is the key the effect is recorded under.
+	Intent string
+	// Recorded is the intent's state in the ledger after this decision.
+	Recorded state.IntentState
+	// StatusCode is the upstream's answer (finished).
+	StatusCode int
+	// Store is how long the store step of this decision took.
+	Store time.Duration
+	// Bytes the effect carried (request body, or tunnel bytes sent).
+	Bytes int64
+	// Duration is the decision's whole time (the request's, the tunnel's).
+	Duration time.Duration
+	// Via says where the identity came from (header, credentials, token, ...).
+	Via string
+	// Detail is for the operator: the cause of a failure (a store that did
+	// not answer, an outcome that could not be written). It raises the
+	// line to a warning.
+	Detail string
+}
+
+// Options configure a Telemetry.
+type Options struct {
+	// Registry receives the metrics; nil keeps them on a private registry.
+	Registry prometheus.Registerer
+	// Logger receives the canonical lines; nil discards them.
+	Logger *slog.Logger
+	// Store names the store kind in latency labels (file, redis).
+	Store string
+}
+
+// Telemetry records decisions. Its methods are safe for concurrent use.
+type Telemetry struct {
+	log     *slog.Logger
+	store   string
+	metrics *Metrics
+}
+
+// New returns a Telemetry; the zero Options give one that counts privately
+// and logs nothing, for tests and for components built without one.
+func New(opts Options) *Telemetry {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if opts.Store == "" {
+		opts.Store = "unknown"
+	}
+	return &Telemetry{log: opts.Logger, store: opts.Store, metrics: newMetrics(reg)}
+}
+
+// Metrics is the telemetry's instruments, for the parts that measure
+// something other than a decision (open connections, drains).
+func (t *Telemetry) Metrics() *Metrics { return t.metrics }
+
+// Decided records one decision: its canonical log line and its counters.
+func (t *Telemetry) Decided(ctx context.Context, d Decision) {
+	m := t.metrics
+	m.decisions.WithLabelValues(string(d.Boundary), string(d.Result)).Inc()
+	switch d.Result {
+	case Refused:
+		m.refusals.WithLabelValues(string(d.Boundary), d.Reason).Inc()
+		if d.Reason == string(refusal.StoreUnavailable) {
+			m.storeErrors.WithLabelValues("guard").Inc()
+		}
+	case Cut:
+		m.cuts.WithLabelValues(string(d.Boundary), cutCause(d.Reason)).Inc()
+	}
+	if d.Store > 0 {
+		step := "guard"
+		if d.Result == Finished || d.Result == Cut {
+			step = "outcome"
+		}
+		m.storeLatency.WithLabelValues(t.store, step).Observe(d.Store.Seconds())
+	}
+	level := slog.LevelInfo
+	if d.Detail != "" || d.Reason == string(refusal.StoreUnavailable) || d.Reason == string(refusal.Internal) {
+		level = slog.LevelWarn
+	}
+	if !t.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 16)
+	attrs = append(attrs, slog.String("boundary", string(d.Boundary)), slog.String("decision", string(d.Result)))
+	str := func(k, v string) {
+		if v != "" {
+			attrs = append(attrs, slog.String(k, v))
+		}
+	}
+	str("reason", d.Reason)
+	str("run", d.Run)
+	if d.Version != 0 {
+		attrs = append(attrs, slog.Int64("version", d.Version))
+	}
+	str("via", d.Via)
+	str("method", d.Method)
+	str("host", d.Host)
+	str("intent", d.Intent)
+	str("recorded", string(d.Recorded))
+	if d.StatusCode != 0 {
+		attrs = append(attrs, slog.Int("status", d.StatusCode))
+	}
+	if d.Store > 0 {
+		attrs = append(attrs, slog.Duration("store_latency", d.Store))
+	}
+	if d.Bytes > 0 {
+		attrs = append(attrs, slog.Int64("bytes", d.Bytes))
+	}
+	if d.Duration > 0 {
+		attrs = append(attrs, slog.Duration("duration", d.Duration))
+	}
+	str("detail", d.Detail)
+	t.log.LogAttrs(ctx, level, "decision", attrs...)
+}
+
+// cutCause folds a cut's reason (which may carry detail after a colon) to
+// a bounded label.
+func cutCause(reason string) string {
+	for i := 0; i < len(reason); i++ {
+		if reason[i] == ':' {
+			return reason[:i]
+		}
+	}
+	if reason == "" {
+		return "unknown"
+	}
+	return reason
+}
