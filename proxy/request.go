@@ -119,6 +119,21 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL), BodyDigest: digest,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
+	if r := p.guard(req, ex, greq); r != nil {
+		closeBody(ex.body)
+		return req, p.refuse(req, ex, boundary, r)
+	}
+	ctx, cut := context.WithCancelCause(req.Context())
+	ex.ctx, ex.flow.cut = ctx, cut
+	p.flows.add(ex.flow)
+	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
+	return req, nil
+}
+
+// guard runs the one atomic guard for the exchange's effect. Admitted, the
+// exchange gets its flow (not yet open) and its canonical line; refused,
+// the refusal is returned for the caller to render.
+func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) *refusal.Refusal {
 	started := time.Now()
 	res, err := p.cfg.Ledger.Begin(req.Context(), greq)
 	ex.store = time.Since(started)
@@ -129,22 +144,19 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		err = refusal.FromGuard(greq, res)
 	}
 	if err != nil {
-		closeBody(ex.body)
-		return req, p.refuse(req, ex, boundary, refusal.FromError(err))
+		return refusal.FromError(err)
 	}
-
-	ctx, cut := context.WithCancelCause(req.Context())
-	ex.ctx = ctx
-	ex.flow = &flow{id: id, intent: res.Intent, boundary: boundary, method: req.Method, allowCancelling: allow, cut: cut}
-	p.flows.add(ex.flow)
-	d := ex.decision(boundary, req.Method, hostOf(req))
+	ex.flow = &flow{
+		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method,
+		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
+	}
+	d := ex.decision(greq.Boundary, greq.Method, hostOf(req))
 	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
 	if ex.body != nil {
 		d.Bytes = ex.body.size
 	}
 	p.tel.Decided(req.Context(), d)
-	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
-	return req, nil
+	return nil
 }
 
 // identityRefusal is the refusal of a request whose run cannot be named.

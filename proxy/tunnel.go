@@ -16,7 +16,6 @@ import (
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
-	"github.com/stopgate/stopgate/telemetry"
 )
 
 // handleConnect decides what a CONNECT becomes. Pass-through hosts are
@@ -58,20 +57,9 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		Boundary: state.BoundaryTunnel, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	started := time.Now()
-	res, err := p.cfg.Ledger.Begin(req.Context(), greq)
-	ex.store = time.Since(started)
-	if err == nil && !res.Admitted {
-		p.cfg.Watcher.Observe(context.WithoutCancel(req.Context()), res.Run)
-		err = refusal.FromGuard(greq, res)
+	if r := p.guard(req, ex, greq); r != nil {
+		return reject(state.BoundaryTunnel, r)
 	}
-	if err != nil {
-		return reject(state.BoundaryTunnel, refusal.FromError(err))
-	}
-	ex.flow = &flow{id: id, intent: res.Intent, boundary: state.BoundaryTunnel, method: http.MethodConnect, allowCancelling: allow, tunnel: true}
-	d := ex.decision(state.BoundaryTunnel, http.MethodConnect, host)
-	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
-	p.tel.Decided(req.Context(), d)
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		p.tunnel(req, client, host, ex)
 	}}, host

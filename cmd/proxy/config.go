@@ -88,7 +88,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
 	cfg.LeaseTTL = 15 * time.Second
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
-	cfg.StoreTimeout = 2 * time.Second
+	cfg.StoreTimeout = state.DefaultTimeout
 	fs.Var(durationValue{&cfg.StoreTimeout}, "store-timeout", "`duration` a store call may take before the proxy fails closed with 503")
 	cfg.RecheckInterval = 2 * time.Second
 	fs.Var(durationValue{&cfg.RecheckInterval}, "recheck-interval", "`duration` between re-reads of the rows of runs with open connections")

@@ -55,105 +55,137 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 	return serve(ctx, cfg, log)
 }
 
-// serve wires stopgate top to bottom — the store, what the edges share, the
-// edges, the control API — serves until ctx ends (SIGINT, SIGTERM), then
-// shuts down in the reverse order: listeners first, the store last, so
-// nothing still serving ever finds the store closed.
+// serve runs stopgate until ctx ends (SIGINT, SIGTERM): it opens the store,
+// builds the instance on it, serves, then shuts down in the reverse order:
+// listeners first, the store last, so nothing still serving ever finds the
+// store closed.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 	opened, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	store := opened.Store
 	defer func() {
-		if cerr := store.Close(); cerr != nil {
+		if cerr := opened.Store.Close(); cerr != nil {
 			log.Error("closing the store", "err", cerr)
 			err = errors.Join(err, cerr)
 		}
 		log.Info("store closed; stopgate stopped")
 	}()
+	inst, err := build(cfg, opened, log)
+	if err != nil {
+		return err
+	}
+	return inst.run(ctx)
+}
 
+// instance is one stopgate: its edges, the loops behind them, and the
+// listeners they serve on.
+type instance struct {
+	cfg      serveConfig
+	log      *slog.Logger
+	store    stores.Opened
+	owner    string
+	pol      policy.Policy
+	lns      *listeners
+	watcher  *runwatch.Watcher
+	ledger   *intents.Ledger
+	egress   *proxy.Proxy
+	launcher *browserguard.Launcher
+	guard    *browserguard.Guard
+	api      *control.Handler
+}
+
+// build wires the instance top to bottom: the policy and the CA, what the
+// edges share (the decisions' account, this instance's ledger, one watch
+// on runs), the listeners, then the edges and the control API.
+func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, error) {
 	pol, err := policy.Load(cfg.Config)
 	if err != nil {
-		return usagef("serve", "--config: %v", err)
+		return nil, usagef("serve", "--config: %v", err)
 	}
 	pass, err := proxy.NewHostSet(pol.PassThrough)
 	if err != nil {
-		return usagef("serve", "--config: pass_through: %v", err)
+		return nil, usagef("serve", "--config: pass_through: %v", err)
 	}
 	delivery, err := proxy.NewHostSet(pol.Delivery)
 	if err != nil {
-		return usagef("serve", "--config: delivery: %v", err)
+		return nil, usagef("serve", "--config: delivery: %v", err)
 	}
 	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
 	if err != nil {
-		return fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
 	tokens, err := runTokens(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
-	// What every edge shares: the decisions' account, the ledger of this
-	// instance, and one watch on runs.
+	store := opened.Store
+	inst := &instance{cfg: cfg, log: log, store: opened, owner: instanceName(), pol: pol}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind})
-	owner := instanceName()
-	ledger := intents.NewLedger(store, intents.LedgerOptions{
-		Owner: owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
+	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
+		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
-	watcher := runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "watch")})
+	inst.watcher = runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "watch")})
 
 	// Every listener is taken before anything serves, so that a taken port
 	// fails the start with the flag named.
-	lns, err := listenAll(cfg)
-	if err != nil {
-		return err
+	if inst.lns, err = listenAll(cfg); err != nil {
+		return nil, err
 	}
-	defer lns.close()
-
-	egress, err := proxy.New(proxy.Config{
-		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
+	inst.egress, err = proxy.New(proxy.Config{
+		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
 		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery,
 		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
 	})
-	if err != nil {
-		return err
+	if err == nil {
+		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
+			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
+			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Logger: log.With("component", "launcher"),
+		})
 	}
-	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
-		Chromium: cfg.Chromium, Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: lns.browser.Addr().String(),
-		AutoAdmit: cfg.AutoAdmit, Logger: log.With("component", "launcher"),
-	})
-	if err != nil {
-		return err
+	if err == nil {
+		inst.guard, err = browserguard.New(browserguard.Config{
+			Store: store, Ledger: inst.ledger, Watcher: inst.watcher, Browsers: inst.launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
+			StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
+		})
 	}
-	guard, err := browserguard.New(browserguard.Config{
-		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
-		StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
-	})
-	if err != nil {
-		return err
+	if err == nil {
+		inst.api, err = control.New(control.Options{
+			Store: store, Token: cfg.ControlToken, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
+			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
+			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
+		})
 	}
-	api, err := control.New(control.Options{
-		Store: store, Token: cfg.ControlToken, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
-		CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
-		Tokens: tokens, Browsers: browserLauncher(launcher),
-	})
 	if err != nil {
-		return err
+		inst.lns.close()
+		return nil, err
 	}
+	return inst, nil
+}
 
-	loops, stopLoops := startLoops(ctx, watcher, ledger,
-		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")},
-		&intents.Reconciler{Store: store, Lookups: pol.Lookups, Actor: "reconciler:" + owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
+// run serves until ctx ends or a listener fails, then shuts down: the
+// control API first, so no new cancel arrives during the shutdown; then
+// browsers, whose open actions are recorded UNKNOWN and whose pages'
+// requests end before the egress proxy does; then the proxy, with what is
+// still open cut and recorded rather than left to lease expiry; the loops
+// last.
+func (inst *instance) run(ctx context.Context) error {
+	cfg, log := inst.cfg, inst.log
+	store := inst.store.Store
+	loops, stopLoops := startLoops(ctx, inst.watcher, inst.ledger,
+		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")},
+		&intents.Reconciler{Store: store, Lookups: inst.pol.Lookups, Actor: "reconciler:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
 	)
 	servers := newServers(log)
-	servers.start("egress proxy", lns.proxy, egress, 0, 0)
-	servers.start("browser guard", lns.browser, guard, 0, 0)
-	servers.start("control API", lns.control, api, controlReadTimeout, controlWriteTimeout)
-	logStart(log, cfg, opened, owner, pol, lns)
+	servers.start("egress proxy", inst.lns.proxy, inst.egress, 0, 0)
+	servers.start("browser guard", inst.lns.browser, inst.guard, 0, 0)
+	servers.start("control API", inst.lns.control, inst.api, controlReadTimeout, controlWriteTimeout)
+	inst.logStart()
 
+	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "cause", context.Cause(ctx))
@@ -161,17 +193,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
-	// The control API first, so no new cancel arrives during the shutdown;
-	// then browsers, whose open actions are recorded UNKNOWN and whose pages'
-	// requests end before the egress proxy does; then the proxy, with what
-	// is still open cut and recorded rather than left to lease expiry.
 	err = errors.Join(err,
 		servers.shutdown(shutdownCtx, "control API"),
 		servers.shutdown(shutdownCtx, "browser guard"),
-		guard.Close(shutdownCtx), launcher.Close(shutdownCtx),
+		inst.guard.Close(shutdownCtx), inst.launcher.Close(shutdownCtx),
 		servers.shutdown(shutdownCtx, "egress proxy"),
 	)
-	egress.CutAll("stopgate_shutdown")
+	inst.egress.CutAll("stopgate_shutdown")
 	stopLoops()
 	loops.Wait()
 	return err
@@ -305,14 +333,15 @@ func (s *servers) shutdown(ctx context.Context, name string) error {
 	return nil
 }
 
-func logStart(log *slog.Logger, cfg serveConfig, opened stores.Opened, owner string, pol policy.Policy, lns *listeners) {
-	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
+func (inst *instance) logStart() {
+	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
+	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
 		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
-	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlToken != "", "drain_timeout", cfg.DrainTimeout, "store", opened.Kind)
+	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlToken != "", "drain_timeout", cfg.DrainTimeout, "store", inst.store.Kind)
 	if cfg.ControlToken == "" && !isLoopback(lns.control.Addr()) {
 		log.Warn("the control API listens beyond loopback without a token: anyone who reaches it can cancel and complete runs; set --control-token", "addr", lns.control.Addr().String())
 	}

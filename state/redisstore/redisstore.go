@@ -24,7 +24,7 @@ import (
 )
 
 // DefaultOpTimeout bounds one store operation when Options.OpTimeout is zero.
-const DefaultOpTimeout = 2 * time.Second
+const DefaultOpTimeout = state.DefaultTimeout
 
 // Options tune a Store.
 type Options struct {
