@@ -248,6 +248,12 @@ type GuardRequest struct {
 	LeaseOwner string
 	LeaseTTL   time.Duration
 	Actor      string
+	// Refuse, when set, is a reason the edge refused the effect for before
+	// the run's state could matter (destination_denied): the guard records
+	// the effect as refused for it, CANCELLED_BEFORE_DISPATCH, in the same
+	// one step, whatever the run's state, and admits nothing. The run row
+	// is not changed (an unseen run is still auto-admitted when asked).
+	Refuse string
 }
 
 // GuardResult is the guard's decision. A refusal is a result, not an error.

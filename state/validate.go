@@ -78,7 +78,7 @@ func (r GuardRequest) Validate() error {
 	if r.NotBefore.IsZero() && r.LeaseTTL <= 0 {
 		return fmt.Errorf("%w: an effect dispatched now needs a lease TTL", ErrInvalid)
 	}
-	for field, v := range map[string]string{"method": r.Method, "body digest": r.BodyDigest, "lease owner": r.LeaseOwner, "actor": r.Actor} {
+	for field, v := range map[string]string{"method": r.Method, "body digest": r.BodyDigest, "lease owner": r.LeaseOwner, "actor": r.Actor, "refusal": r.Refuse} {
 		if err := validateText(field, v); err != nil {
 			return err
 		}

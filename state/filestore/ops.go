@@ -289,9 +289,12 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	run := r.row
 	allowed := run.Status == state.StatusActive && (req.ObservedVersion == 0 || req.ObservedVersion == run.CancelVersion) ||
 		req.AllowCancelling && run.Status == state.StatusCancelling && req.NotBefore.IsZero()
-	if !allowed {
+	if !allowed || req.Refuse != "" {
 		refusal := state.RefusalRunNotActive
-		if run.Status == state.StatusActive {
+		switch {
+		case req.Refuse != "":
+			refusal = req.Refuse
+		case run.Status == state.StatusActive:
 			refusal = state.RefusalStaleVersion
 		}
 		from := state.IntentState("")

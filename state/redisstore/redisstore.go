@@ -430,7 +430,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	r, err := s.call(ctx, "guard", req.RunID, guardScript,
 		req.Actor, req.ObservedVersion, req.Key, flag(req.ExplicitKey), string(req.Boundary),
 		req.Method, req.Target, req.BodyDigest, flag(req.AutoAdmit), flag(req.AllowCancelling),
-		notBefore, req.LeaseOwner, ms(req.LeaseTTL))
+		notBefore, req.LeaseOwner, ms(req.LeaseTTL), req.Refuse)
 	if err != nil {
 		return state.GuardResult{}, err
 	}

@@ -34,6 +34,7 @@ func Run(t *testing.T, open Open) {
 		{"GuardRefusesAndRecordsAfterCancel", testGuardRefusesAfterCancel},
 		{"GuardRefusesStaleVersion", testGuardStale},
 		{"GuardAutoAdmitsUnseenButNeverTombstones", testGuardAutoAdmit},
+		{"GuardRecordsTheEdgesRefusal", testGuardRefuse},
 		{"DerivedKeysGiveEachDispatchItsOwnRecord", testDerivedKeys},
 		{"ExplicitKeyFollowsIdempotencyRules", testExplicitKey},
 		{"DeliveryMayReachCancellingRunOnly", testAllowCancelling},
@@ -872,4 +873,40 @@ func nonZero(m map[state.IntentState]int) map[state.IntentState]int {
 		}
 	}
 	return m
+}
+
+// testGuardRefuse: an effect the edge refused (a destination not allowed)
+// is recorded as refused for the edge's reason in the guard's one step,
+// whatever the run's state, and leaves the run as it was.
+func testGuardRefuse(t *testing.T, s state.Store) {
+	admit(t, s, "rf")
+	res := guard(t, s, state.GuardRequest{RunID: "rf", ObservedVersion: 1, Key: "meta", ExplicitKey: true, Target: "http://169.254.169.254/", Refuse: "destination_denied"})
+	if res.Admitted || res.Refusal != "destination_denied" {
+		t.Fatalf("guard with an edge refusal: admitted %v refusal %q", res.Admitted, res.Refusal)
+	}
+	in := intent(t, s, "rf", "meta")
+	if in.State != state.IntentCancelledBeforeDispatch || in.Reason != "destination_denied" || in.Attempts != 0 {
+		t.Fatalf("refused intent %+v", in)
+	}
+	wantRun(t, get(t, s, "rf"), state.StatusActive, 1)
+	// The next effect of the run is admitted as ever.
+	if ok := guard(t, s, state.GuardRequest{RunID: "rf", ObservedVersion: 1, Key: "fine", ExplicitKey: true}); !ok.Admitted {
+		t.Fatalf("the run refuses its next effect after an edge refusal: %q", ok.Refusal)
+	}
+	events, err := s.Events(ctx(t), "rf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen bool
+	for _, e := range events {
+		seen = seen || e.Kind == state.EventIntentRefused && e.Intent == "meta" && e.Reason == "destination_denied"
+	}
+	if !seen {
+		t.Fatalf("no intent.refused event for the edge's refusal: %+v", events)
+	}
+	// Auto-admission still happens for an unseen run: the refusal is recorded against its row.
+	res = guard(t, s, state.GuardRequest{RunID: "rf-new", Key: "meta", ExplicitKey: true, AutoAdmit: true, Refuse: "destination_denied"})
+	if res.Admitted || res.Refusal != "destination_denied" || res.Run.Status != state.StatusActive {
+		t.Fatalf("edge refusal of an unseen run: %+v", res)
+	}
 }

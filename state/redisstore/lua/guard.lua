@@ -1,13 +1,14 @@
 -- guard: ARGV actor, observed version, key, explicit (1/0), boundary,
 -- method, target, body digest, auto-admit (1/0), allow cancelling (1/0),
--- not_before ms ('' to dispatch now), lease owner, lease ttl ms.
+-- not_before ms ('' to dispatch now), lease owner, lease ttl ms, refuse
+-- (a reason the edge already refused the effect for, '' for none).
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
 local actor, observed_s, base, explicit = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local boundary, method, target, digest = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local auto, allow_cancelling, not_before = ARGV[9] == '1', ARGV[10] == '1', ARGV[11]
-local owner, ttl = ARGV[12], tonumber(ARGV[13])
+local owner, ttl, refuse = ARGV[12], tonumber(ARGV[13]), ARGV[14]
 local observed = tonumber(observed_s)
 
 local run = load_run()
@@ -38,7 +39,9 @@ end
 
 local version = tonumber(run.v)
 local refusal
-if run.status == 'ACTIVE' then
+if refuse ~= '' then
+  refusal = refuse
+elseif run.status == 'ACTIVE' then
   if observed ~= 0 and observed ~= version then
     refusal = 'stale_version'
   end
