@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
@@ -43,7 +45,8 @@ func sse(w http.ResponseWriter, r *http.Request) {
 func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 	for _, tlsOn := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
-			e := newEnv(t, envOptions{})
+			reg := prometheus.NewRegistry()
+			e := newEnv(t, envOptions{registry: reg})
 			up := newUpstream(t, tlsOn, sse)
 			e.admit("s1")
 			c := e.client("s1", 1)
@@ -65,8 +68,31 @@ func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 			if in.State != state.IntentResponded || in.StatusCode != 200 {
 				t.Fatalf("the provider answered before the cut: want RESPONDED 200, got %+v", in)
 			}
+			testkit.Eventually(t, 2*time.Second, "the cut counted", func() bool {
+				return gathered(t, reg)["stopgate_cuts_total/http/run_cancelled"] == 1
+			})
 		})
 	}
+}
+
+// gathered reads every counter and gauge of reg by name/label/label.
+func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, l := range m.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return got
 }
 
 // echoServer is a raw TCP upstream for pass-through tunnels: TLS that the
@@ -308,22 +334,32 @@ func TestAnswerToUnsafeRequestReachesClientAfterCancel(t *testing.T) {
 
 // endsWithin runs cancel and reports how long after it the stream ended;
 // it fails the test if the stream outlives the limit.
+// endsWithin cancels, then reads the stream until it ends, which must be
+// within limit and as an error: a cut presented as a clean end of body
+// would tell the agent its answer was whole.
 func endsWithin(t *testing.T, stream *bufio.Reader, limit time.Duration, cancel func()) time.Duration {
 	t.Helper()
 	start := time.Now()
 	cancel()
-	ended := make(chan time.Duration, 1)
+	type end struct {
+		d   time.Duration
+		err error
+	}
+	ended := make(chan end, 1)
 	go func() {
 		for {
 			if _, err := stream.ReadString('\n'); err != nil {
-				ended <- time.Since(start)
+				ended <- end{time.Since(start), err}
 				return
 			}
 		}
 	}()
 	select {
-	case d := <-ended:
-		return d
+	case e := <-ended:
+		if errors.Is(e.err, io.EOF) {
+			t.Fatalf("the cut stream ended cleanly (%v): the client cannot tell it was cut", e.err)
+		}
+		return e.d
 	case <-time.After(limit):
 		t.Fatalf("stream still open %v after the cancel", limit)
 		return 0

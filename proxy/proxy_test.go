@@ -350,20 +350,7 @@ func TestMetricsCountWhatTheProxyDid(t *testing.T) {
 	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
 	e.cancel("m", time.Minute)
 	do(t, e.client("m", 1), "GET", up.URL+"/", nil, nil)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			name := f.GetName()
-			for _, l := range m.GetLabel() {
-				name += "/" + l.GetValue()
-			}
-			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
+	got := gathered(t, reg)
 	for name, want := range map[string]float64{
 		"stopgate_decisions_total/http/admitted":      1,
 		"stopgate_decisions_total/http/finished":      1,
@@ -483,29 +470,11 @@ func TestClientGoneMidBodyIsNotAStoreFailure(t *testing.T) {
 			up.URL, up.Listener.Addr(), base64.StdEncoding.EncodeToString([]byte("gone:1")))
 		_ = conn.Close()
 	}
-	families := func() map[string]float64 {
-		got := map[string]float64{}
-		fams, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range fams {
-			for _, m := range f.GetMetric() {
-				name := f.GetName()
-				for _, l := range m.GetLabel() {
-					name += "/" + l.GetValue()
-				}
-				got[name] = m.GetCounter().GetValue()
-			}
-		}
-		return got
-	}
 	testkit.Eventually(t, 5*time.Second, "five refusals of cut bodies counted", func() bool {
-		got := families()
+		got := gathered(t, reg)
 		return got["stopgate_refusals_total/http/client_gone"]+got["stopgate_refusals_total/http/bad_request_body"] == 5
 	})
-	got := families()
-	for name, v := range got {
+	for name, v := range gathered(t, reg) {
 		if strings.HasPrefix(name, "stopgate_store_errors_total") && v != 0 || strings.Contains(name, "store_unavailable") {
 			t.Errorf("a client gone mid-body counted as a store failure: %s = %v", name, v)
 		}

@@ -27,6 +27,8 @@ import (
 type exchange struct {
 	id    identity
 	hasID bool
+	// inTunnel: the request came inside a MITM'd CONNECT.
+	inTunnel bool
 	start time.Time
 	flow  *flow
 	body  *spooledBody
@@ -78,8 +80,11 @@ func hostOf(req *http.Request) string {
 func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	ex := &exchange{start: time.Now()}
 	fallback := p.boundRun(req)
-	if tunnel := exchangeOf(pctx); tunnel != nil && tunnel.hasID {
-		fallback = &tunnel.id
+	if tunnel := exchangeOf(pctx); tunnel != nil {
+		ex.inTunnel = true
+		if tunnel.hasID {
+			fallback = &tunnel.id
+		}
 	}
 	pctx.UserData = ex
 	id, err := identify(req.Header, fallback, p.tokens)
@@ -227,9 +232,15 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	// A cut closes the body itself: an upgraded connection (WebSocket) no
 	// longer listens to the request's context.
 	stopCloser := context.AfterFunc(ex.ctx, func() { _ = upstreamBody.Close() })
-	body := &flowBody{ReadCloser: upstreamBody, done: func() { stopCloser(); p.flows.remove(f); f.cut(nil) }}
+	body := &flowBody{
+		ReadCloser: upstreamBody, ctx: ex.ctx, abort: !ex.inTunnel,
+		cutSeen: func(ce *cutError) { p.cutAnswer(req.Context(), ex, ce) },
+		done:    func() { stopCloser(); p.flows.remove(f); f.cut(nil) },
+	}
 	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		// goproxy writes the client's frames into an upgraded body.
+		// goproxy writes the client's frames into an upgraded body, and
+		// reads it outside any handler: a cut closes both sides instead.
+		body.abort = false
 		resp.Body = &flowUpgradedBody{flowBody: body, w: rw}
 	} else {
 		resp.Body = body
@@ -255,11 +266,54 @@ func (p *Proxy) finish(ctx context.Context, ex *exchange, outcome state.IntentSt
 	p.tel.Decided(ctx, d)
 }
 
-// flowBody ends its flow when the response body is done.
+// cutAnswer records that an answer already recorded RESPONDED was cut on
+// its way back: the provider answered, the agent did not get all of it.
+func (p *Proxy) cutAnswer(ctx context.Context, ex *exchange, ce *cutError) {
+	f := ex.flow
+	d := ex.decision(f.boundary, f.method, "")
+	d.Result, d.Reason, d.Intent, d.Recorded = telemetry.Cut, ce.reason, f.intent.Key, state.IntentResponded
+	p.tel.Decided(ctx, d)
+}
+
+// flowBody ends its flow when the response body is done, and makes a cut
+// an error the client sees.
 type flowBody struct {
 	io.ReadCloser
-	once atomic.Bool
-	done func()
+	// ctx is cancelled, with a *cutError cause, when the flow is cut.
+	ctx context.Context
+	// abort: the answer goes back through net/http's server (a plain
+	// request), which ends a body that stops early with a clean last
+	// chunk; only aborting the handler makes the cut visible there.
+	// Inside a tunnel the answer is written on the connection itself,
+	// which a read error leaves without its last chunk.
+	abort bool
+	// cutSeen is told of the cut once, when a read first meets it.
+	cutSeen func(*cutError)
+	seen    atomic.Bool
+	once    atomic.Bool
+	done    func()
+}
+
+// Read passes the body on; once the flow is cut, whatever the upstream's
+// body says (a clean EOF included), the read fails with the cut.
+func (b *flowBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == nil {
+		return n, nil
+	}
+	var ce *cutError
+	if !errors.As(context.Cause(b.ctx), &ce) {
+		return n, err
+	}
+	if b.seen.CompareAndSwap(false, true) {
+		b.cutSeen(ce)
+	}
+	if b.abort {
+		// net/http's server recovers this one and drops the connection
+		// without finishing the response.
+		panic(http.ErrAbortHandler)
+	}
+	return n, ce
 }
 
 func (b *flowBody) Close() error {
