@@ -75,14 +75,15 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 // the run's cancel cuts it.
 func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, f *flow) {
 	defer client.Close()
-	ctx, cut := context.WithCancelCause(context.Background())
+	// Values only (a transparent connection's dial pin): the tunnel outlives the CONNECT.
+	ctx, cut := context.WithCancelCause(context.WithoutCancel(req.Context()))
 	defer cut(nil)
 	f.cut = cut
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
-	upstream, err := p.cfg.DialContext(dctx, "tcp", host)
+	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
 		p.finish(ctx, f, state.IntentNotSent, 0, "dial: "+err.Error())
