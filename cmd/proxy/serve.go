@@ -81,6 +81,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		WebhookSecret: comp.webhookSecret,
 		Tokens:        comp.tokens,
 		Browsers:      comp.browsers,
+		Endpoints:     comp.endpoints,
+		Transparent:   comp.transparent,
 	})
 	if err != nil {
 		_ = comp.stop(ctx)
@@ -139,6 +141,8 @@ type components struct {
 	webhookSecret func(source string) ([]byte, bool)
 	browsers      control.BrowserLauncher
 	tokens        *runtoken.Signer
+	endpoints     control.Endpoints
+	transparent   control.TransparentBinder
 	stop          func(context.Context) error
 }
 
@@ -205,6 +209,11 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		closeListeners()
 		return nil, err
 	}
+	tp, err := startTransparent(cfg, egress, log)
+	if err != nil {
+		closeListeners()
+		return nil, err
+	}
 	// No read or write timeout: streams and long provider calls are the
 	// traffic. Headers are still bounded.
 	srv := &http.Server{
@@ -251,6 +260,8 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		metrics:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		webhookSecret: pol.Secret,
 		tokens:        tokens,
+		endpoints:     control.Endpoints{Proxy: ln.Addr().String(), Transparent: tp.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken)},
+		transparent:   tp.binder,
 		browsers: func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
 			b, err := launcher.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
 			return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
@@ -267,6 +278,7 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 				_ = srv.Close()
 				err = errors.Join(err, serr)
 			}
+			tp.close()
 			// What is still open now (tunnels, streams, calls that did not
 			// finish in time) is cut and recorded, not left to lease expiry.
 			egress.CutAll("stopgate_shutdown")
