@@ -183,7 +183,7 @@ func (c *cli) observedVersion(ctx context.Context, cl *client.Client, o *execOpt
 	return row.Value.CancelVersion, nil
 }
 
-// guardEnv is CMD's environment: the caller's, with the CA trusted by every
+// guardEnv is CMD's environment: the caller's without STOPGATE_* variables, with the CA trusted by every
 // common runtime and, without --isolate, the proxy with the run's identity.
 // Under --isolate the proxy variables are cleared instead: the kernel
 // carries every connection, and a client sending to the proxy would be
@@ -225,6 +225,11 @@ func (c *cli) guardEnv(ctx context.Context, cl *client.Client, o *execOpts, ep c
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		if _, ok := set[k]; ok || contains(unset, k) {
+			continue
+		}
+		// The operator's token and stopgate's own settings are not the
+		// agent's: with them it could drive the control API.
+		if strings.HasPrefix(k, "STOPGATE_") {
 			continue
 		}
 		env = append(env, kv)

@@ -49,7 +49,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	}
 
 	// The variables every common runtime reads, in both cases; no exception list.
-	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
+	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_TOKEN=operator-secret", "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
 		"exec", "--run", "env-run", "--", "env")
 	vars := map[string]string{}
 	for _, line := range strings.Split(env, "\n") {
@@ -71,7 +71,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	if vars["NODE_USE_ENV_PROXY"] != "1" {
 		t.Errorf("NODE_USE_ENV_PROXY=%q", vars["NODE_USE_ENV_PROXY"])
 	}
-	for _, k := range []string{"NO_PROXY", "no_proxy"} {
+	for _, k := range []string{"NO_PROXY", "no_proxy", "STOPGATE_TOKEN", "STOPGATE_CONTROL"} {
 		if v, ok := vars[k]; ok {
 			t.Errorf("%s=%q reaches the command", k, v)
 		}
