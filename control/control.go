@@ -75,6 +75,11 @@ type Options struct {
 	Browsers BrowserLauncher
 	// Tokens signs run tokens at POST /v1/runs/{run}/tokens; nil answers 404.
 	Tokens *runtoken.Signer
+	// Endpoints is served at GET /v1/endpoints.
+	Endpoints Endpoints
+	// Transparent makes the bindings of /v1/transparent/bindings; nil
+	// answers 404 transparent_off.
+	Transparent TransparentBinder
 }
 
 // Handler serves the API. Create it with New.
@@ -84,6 +89,8 @@ type Handler struct {
 	webhook      func(source string) ([]byte, bool)
 	browsers     BrowserLauncher
 	tokens       *runtoken.Signer
+	endpointInfo Endpoints
+	transparent  TransparentBinder
 	tokenSum     [sha256.Size]byte
 	hasToken     bool
 	drain        time.Duration
@@ -107,6 +114,8 @@ func New(opts Options) (*Handler, error) {
 		webhook:      opts.WebhookSecret,
 		browsers:     opts.Browsers,
 		tokens:       opts.Tokens,
+		endpointInfo: opts.Endpoints,
+		transparent:  opts.Transparent,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
@@ -164,6 +173,10 @@ func (h *Handler) routes() {
 		{http.MethodPost, "/v1/runs/{run}/tokens", h.issueToken},
 		{http.MethodPost, resolvePath, h.resolve},
 		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
+		{http.MethodGet, "/v1/endpoints", h.endpoints},
+		{http.MethodPost, "/v1/transparent/bindings", h.bind},
+		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", h.renewBinding},
+		{http.MethodDelete, "/v1/transparent/bindings/{id}", h.unbind},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {

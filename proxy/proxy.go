@@ -121,7 +121,7 @@ func New(cfg Config) (*Proxy, error) {
 	// would proxy to itself.
 	p.transport = &http.Transport{
 		Proxy:                 nil,
-		DialContext:           cfg.DialContext,
+		DialContext:           p.dial,
 		TLSClientConfig:       &tls.Config{RootCAs: cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:   cfg.DialTimeout,
 		MaxIdleConns:          512,

@@ -29,9 +29,9 @@ type exchange struct {
 	hasID bool
 	// inTunnel: the request came inside a MITM'd CONNECT.
 	inTunnel bool
-	start time.Time
-	flow  *flow
-	body  *spooledBody
+	start    time.Time
+	flow     *flow
+	body     *spooledBody
 	// ctx is the request's context, cancelled with a cause when the flow is cut.
 	ctx context.Context
 	// store is how long the guard took.

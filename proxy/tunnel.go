@@ -70,14 +70,15 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exchange) {
 	defer client.Close()
 	f := ex.flow
-	ctx, cut := context.WithCancelCause(context.Background())
+	// Values only (a transparent connection's dial pin): the tunnel outlives the CONNECT.
+	ctx, cut := context.WithCancelCause(context.WithoutCancel(req.Context()))
 	defer cut(nil)
 	ex.ctx, f.cut = ctx, cut
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
-	upstream, err := p.cfg.DialContext(dctx, "tcp", host)
+	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
 		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())

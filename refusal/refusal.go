@@ -74,6 +74,13 @@ const (
 	TooManyConnections   Code = "too_many_connections"  // a cap on open connections was reached
 	HostNotAllowed       Code = "host_not_allowed"      // the browser guard answers only to an IP or localhost Host
 
+	// Transparent mode: connections the kernel redirected to stopgate.
+	NotHTTPOrTLS           Code = "not_http_or_tls"           // neither an HTTP request nor a TLS ClientHello: closed, never spliced
+	NotRedirected          Code = "not_redirected"            // a connection made to the transparent listener itself
+	NotATransparentRequest Code = "not_a_transparent_request" // a CONNECT on a connection that already goes through stopgate
+	TransparentOff         Code = "transparent_off"           // control API: serve has no --transparent-addr
+	UIDBound               Code = "uid_bound"                 // control API: the uid already has a transparent binding
+
 	// What failed.
 	StoreUnavailable   Code = "store_unavailable"   // the state store did not answer in time: fail closed
 	UpstreamFailed     Code = "upstream_failed"     // the upstream could not be reached or failed mid-answer
@@ -97,7 +104,7 @@ const StatusClientClosed = 499
 func (c Code) Status() int {
 	switch c {
 	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress,
-		IntentNotInFlight, IntentNotUnknown, StaleAttempt:
+		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound:
 		return http.StatusConflict
 	case KeyReused:
 		return http.StatusUnprocessableEntity
@@ -107,15 +114,15 @@ func (c Code) Status() int {
 		return http.StatusUnauthorized
 	case Forbidden, DestinationDenied, InterceptionDisabled, HostNotAllowed:
 		return http.StatusForbidden
-	case BadRunIdentity, InvalidRequest, InvalidJSON, UnknownField, BadRequestBody, NotAProxyRequest:
+	case BadRunIdentity, InvalidRequest, InvalidJSON, UnknownField, BadRequestBody, NotAProxyRequest, NotHTTPOrTLS, NotRedirected:
 		return http.StatusBadRequest
 	case BodyTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case UnsupportedMediaType:
 		return http.StatusUnsupportedMediaType
-	case NotFound, NoBrowser:
+	case NotFound, NoBrowser, TransparentOff:
 		return http.StatusNotFound
-	case MethodNotAllowed:
+	case MethodNotAllowed, NotATransparentRequest:
 		return http.StatusMethodNotAllowed
 	case TooManyConnections:
 		return http.StatusTooManyRequests

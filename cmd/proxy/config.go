@@ -24,6 +24,9 @@ type serveConfig struct {
 	ProxyAddr   string // egress proxy listener
 	ControlAddr string // control API listener
 	BrowserAddr string // browser guard (CDP) listener
+	// TransparentAddr is the listener for connections the kernel redirects
+	// (transparent mode); empty: off.
+	TransparentAddr string
 	// Chromium is the browser the launcher starts for a run.
 	Chromium string
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
@@ -74,6 +77,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.ProxyAddr, "proxy-addr", "127.0.0.1:8080", "egress proxy listen address (host:port)")
 	fs.StringVar(&cfg.ControlAddr, "control-addr", "127.0.0.1:8081", "control API listen address (host:port)")
 	fs.StringVar(&cfg.BrowserAddr, "browser-addr", "127.0.0.1:8082", "browser guard (CDP websocket) listen address (host:port)")
+	fs.StringVar(&cfg.TransparentAddr, "transparent-addr", "", "listen address (host:port) for connections the kernel redirects to stopgate (stopgate redirect, exec --isolate); empty: transparent mode off")
 	fs.StringVar(&cfg.Chromium, "chromium", browserguard.DefaultChromium, "the Chromium binary launched for a run's browser")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
@@ -162,6 +166,16 @@ func (c *serveConfig) validate(source map[string]string) error {
 	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr} {
 		if c.BrowserAddr == other {
 			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
+		}
+	}
+	if c.TransparentAddr != "" {
+		if err := checkAddr(c.TransparentAddr); err != nil {
+			return bad("transparent-addr", "%q: %v", c.TransparentAddr, err)
+		}
+		for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr} {
+			if c.TransparentAddr == other {
+				return bad("transparent-addr", "%q is also the %s address; the listeners need different ports", c.TransparentAddr, name)
+			}
 		}
 	}
 	// A missing binary is not checked here: serve runs without a browser

@@ -25,11 +25,20 @@ import (
 // binary is the stopgate built by TestMain.
 var binary string
 
+// builtBinaryEnv passes the build to a test's re-run (netns.Enter); the
+// stopgate processes the tests start never see it (cleanEnv).
+const builtBinaryEnv = "STOPGATE_TEST_BINARY"
+
 func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
 }
 
 func buildAndRun(m *testing.M) int {
+	// A test re-run in a network namespace uses its parent's build.
+	if b := os.Getenv(builtBinaryEnv); b != "" {
+		binary = b
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "stopgate-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "temp dir:", err)
@@ -49,6 +58,7 @@ func buildAndRun(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		return 1
 	}
+	os.Setenv(builtBinaryEnv, binary)
 	return m.Run()
 }
 
@@ -68,6 +78,7 @@ type server struct {
 	args    []string
 	control string // http://host:port
 	logPath string
+	env     []string // added to the test's environment
 	cmd     *exec.Cmd
 	done    chan struct{}
 	err     error // of Wait, once done is closed
@@ -96,7 +107,7 @@ func (s *server) start() {
 	}
 	cmd := exec.Command(binary, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), s.env...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start stopgate serve: %v", err)
 	}

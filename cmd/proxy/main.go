@@ -18,6 +18,34 @@ import (
 	"time"
 )
 
+const execUsage = `Usage: stopgate exec --run RUN [--version N] [--isolate] [--uid UID] -- CMD [ARGS...]
+
+Runs CMD with its effects guarded and recorded under RUN, and exits with CMD's status
+(128+N when a signal N killed it); the signals stopgate receives are passed on to CMD.
+It asks the control API (--control) where the proxy and the transparent listener are,
+and for the CA.
+
+Without --isolate, CMD gets the proxy variables (both cases) naming RUN, NO_PROXY cleared,
+and the CA in every common runtime's variable (SSL_CERT_FILE, REQUESTS_CA_BUNDLE,
+CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS, GIT_SSL_CAINFO, ...); stderr lists the clients that
+ignore them.
+
+With --isolate (root), CMD runs as UID (default 65534, nobody) behind the kernel redirect
+to a transparent listener bound to RUN: every TCP connection it opens is guarded, whatever
+it does with proxy variables, and its other traffic but DNS is refused. Afterwards what
+is left of UID is killed and the redirect removed. Nothing else may run as UID; two
+commands isolated at once need two uids.
+`
+
+const redirectUsage = `Usage: stopgate redirect install --uid UID [--port P]
+       stopgate redirect remove --uid UID
+
+install sends every TCP connection UID opens, in this network namespace, to the
+transparent listener's port P (default: asked of --control) and refuses its other
+traffic but DNS, with iptables and ip6tables (root or CAP_NET_ADMIN). Installing again
+replaces the rules; remove takes them away (and is a no-op when there are none).
+`
+
 // Exit codes, documented in docs/cli.md.
 const (
 	exitOK      = 0
@@ -130,6 +158,10 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.browser(ctx, args)
 	case "token":
 		return c.runToken(ctx, args)
+	case "exec":
+		return c.execVerb(ctx, args)
+	case "redirect":
+		return c.redirectVerb(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -166,6 +198,12 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token":
 		fs, _ := c.verbFlags(verb)
 		return fs
+	case "exec":
+		fs, _ := c.execFlags()
+		return fs
+	case "redirect":
+		fs, _ := c.redirectFlags()
+		return fs
 	}
 	return nil
 }
@@ -190,6 +228,10 @@ Usage:
                                                schedule a retry; a cancel revokes it
   stopgate browser --run RUN [--version N]     start RUN's guarded headless browser in serve; print its ws:// URL
   stopgate token RUN [--ttl D]                 print a signed run token: the proxy password RUN:TOKEN
+  stopgate exec --run RUN [--isolate] [--uid UID] -- CMD [ARGS...]
+                                               run an unmodified agent behind the guard
+  stopgate redirect install|remove --uid UID [--port P]
+                                               send every TCP connection of UID to the transparent listener
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
@@ -225,6 +267,10 @@ func verbUsage(verb string) (string, bool) {
 		return "Usage: stopgate browser --run RUN [--version N] [--json]\n\nAsks stopgate serve to start RUN's guarded headless Chromium (or finds the one it has) and\nprints the websocket URL to connect a CDP client to (chromedp, Playwright or Puppeteer\nconnectOverCDP) alone on the first line, then returns: the browser lives in stopgate serve\nuntil RUN is over (CANCELLED, COMPLETED or UNKNOWN) or serve stops. Every action the client\nsends is checked against cancel_version N and recorded; after a cancel it is refused.\n", true
 	case "token":
 		return "Usage: stopgate token RUN [--ttl D] [--json]\n\nPrints a signed run token for RUN at its current cancel_version, alone on one line, good for\nD (default 24h): the proxy password of RUN's worker (HTTPS_PROXY=http://RUN:TOKEN@host:port)\nor its X-Run-Token header. Needs serve's --run-token-secret; refused (exit 1) unless RUN is ACTIVE.\n", true
+	case "exec":
+		return execUsage, true
+	case "redirect":
+		return redirectUsage, true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

@@ -92,7 +92,10 @@ type instance struct {
 	egress   *proxy.Proxy
 	launcher *browserguard.Launcher
 	guard    *browserguard.Guard
-	api      *control.Handler
+	// transparent is the listener for kernel-redirected connections and
+	// the bindings exec --isolate asks for (off without --transparent-addr).
+	transparent *transparentParts
+	api         *control.Handler
 }
 
 // build wires the instance top to bottom: the policy and the CA, what the
@@ -153,13 +156,23 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		})
 	}
 	if err == nil {
+		inst.transparent, err = startTransparent(cfg, inst.egress, log.With("component", "transparent"))
+	}
+	if err == nil {
 		inst.api, err = control.New(control.Options{
 			Store: store, Token: cfg.ControlToken, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
 			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
 			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
+			Endpoints: control.Endpoints{
+				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
+			},
+			Transparent: inst.transparent.binder,
 		})
 	}
 	if err != nil {
+		if inst.transparent != nil {
+			inst.transparent.close()
+		}
 		inst.lns.close()
 		return nil, err
 	}
@@ -199,6 +212,7 @@ func (inst *instance) run(ctx context.Context) error {
 		inst.guard.Close(shutdownCtx), inst.launcher.Close(shutdownCtx),
 		servers.shutdown(shutdownCtx, "egress proxy"),
 	)
+	inst.transparent.close()
 	inst.egress.CutAll("stopgate_shutdown")
 	stopLoops()
 	loops.Wait()

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/state"
+)
+
+// startServeEnv is startServe with extra environment for the serve process.
+func startServeEnv(t *testing.T, env []string, args ...string) *server {
+	t.Helper()
+	s := &server{
+		t:       t,
+		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
+		logPath: filepath.Join(t.TempDir(), "serve.log"),
+		env:     env,
+	}
+	s.control = "http://" + s.args[2]
+	s.start()
+	t.Cleanup(s.kill9)
+	return s
+}
+
+func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
+	s := startServe(t, "--data-dir", t.TempDir())
+	up, hits := upstreamCounter(t)
+	s.must(t, 0, "admit", "env-run")
+
+	// curl reads lower-case http_proxy for plain HTTP: it goes through the guard.
+	code, out, errOut := s.stopgate(t, "exec", "--run", "env-run", "--", "curl", "-sS", "-X", "POST", up.URL+"/exec-env")
+	if code != 0 || strings.TrimSpace(out) != "done" || hits.Load() != 1 {
+		t.Fatalf("exec curl: exit %d, %q %q, upstream %d", code, out, errOut, hits.Load())
+	}
+	for _, say := range []string{"go around the guard", "Node.js", "Go programs, for loopback", "--isolate"} {
+		if !strings.Contains(errOut, say) {
+			t.Errorf("stderr does not say %q:\n%s", say, errOut)
+		}
+	}
+	doc := s.audit(t, "env-run")
+	if len(doc.Intents) != 1 || doc.Intents[0].Target != up.URL+"/exec-env" || doc.Intents[0].State != state.IntentResponded {
+		t.Fatalf("audit: %+v", doc.Intents)
+	}
+
+	// The variables every common runtime reads, in both cases; no exception list.
+	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_TOKEN=operator-secret", "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
+		"exec", "--run", "env-run", "--", "env")
+	vars := map[string]string{}
+	for _, line := range strings.Split(env, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			vars[k] = v
+		}
+	}
+	proxyURL := "http://env-run:1@" + s.proxyAddr()
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"} {
+		if vars[k] != proxyURL {
+			t.Errorf("%s=%q, want %q", k, vars[k], proxyURL)
+		}
+	}
+	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"} {
+		if vars[k] == "" {
+			t.Errorf("%s is not set", k)
+		}
+	}
+	if vars["NODE_USE_ENV_PROXY"] != "1" {
+		t.Errorf("NODE_USE_ENV_PROXY=%q", vars["NODE_USE_ENV_PROXY"])
+	}
+	for _, k := range []string{"NO_PROXY", "no_proxy", "STOPGATE_TOKEN", "STOPGATE_CONTROL"} {
+		if v, ok := vars[k]; ok {
+			t.Errorf("%s=%q reaches the command", k, v)
+		}
+	}
+
+	// The exit status is the command's; a run that admits nothing starts nothing.
+	if code, _, _ := s.stopgate(t, "exec", "--run", "env-run", "--", "sh", "-c", "exit 7"); code != 7 {
+		t.Errorf("exit status %d, want 7", code)
+	}
+	s.must(t, 0, "cancel", "env-run")
+	if msg := s.must(t, 1, "exec", "--run", "env-run", "--", "true"); !strings.Contains(msg, "CMD was not started") {
+		t.Errorf("exec for a cancelled run: %q", msg)
+	}
+	if msg := s.must(t, 2, "exec", "--", "true"); !strings.Contains(msg, "--run is required") {
+		t.Errorf("exec without --run: %q", msg)
+	}
+	if msg := s.must(t, 1, "exec", "--run", "other", "--isolate", "--uid", "61050", "--", "true"); !strings.Contains(msg, "--isolate needs root") && !strings.Contains(msg, "--transparent-addr") {
+		t.Errorf("exec --isolate without transparent mode: %q", msg)
+	}
+}
+
+func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
+	transparent := freeAddr(t)
+	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", transparent)
+	cl, err := client.New(s.control, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ep, err := cl.Endpoints(ctx)
+	if err != nil || ep.Value.Transparent != transparent || ep.Value.Proxy != s.proxyAddr() || ep.Value.RunTokens != control.RunTokensOff {
+		t.Fatalf("endpoints: %+v %v", ep.Value, err)
+	}
+	uid := int64(61040)
+	b, err := cl.Bind(ctx, control.BindingRequest{UID: &uid, RunID: "bind-1"})
+	if err != nil || b.StatusCode != http.StatusCreated || b.Value.Port == 0 || b.Value.RunID != "bind-1" {
+		t.Fatalf("bind: %+v %v", b, err)
+	}
+	var ae *client.APIError
+	if _, err := cl.Bind(ctx, control.BindingRequest{UID: &uid, RunID: "bind-2"}); !errors.As(err, &ae) || ae.Code != refusal.UIDBound {
+		t.Fatalf("a second binding of the uid: %v", err)
+	}
+	if _, err := cl.RenewBinding(ctx, b.Value.ID); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if err := cl.Unbind(ctx, b.Value.ID); err != nil {
+		t.Fatalf("unbind: %v", err)
+	}
+	if err := cl.Unbind(ctx, b.Value.ID); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
+		t.Fatalf("unbind twice: %v", err)
+	}
+	for _, bad := range []control.BindingRequest{{RunID: "no-uid"}, {UID: &uid}, {UID: &uid, RunID: "r", CancelVersion: -1}} {
+		if _, err := cl.Bind(ctx, bad); !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
+			t.Errorf("bind %+v: %v", bad, err)
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/state"
+)
+
+// Where this stopgate listens, and the transparent bindings of `stopgate
+// exec --isolate`. The bindings themselves (listeners in the proxy) are
+// passed in through Options.Transparent, so that this package stays the
+// API and opens no socket.
+
+// Endpoints is the answer to GET /v1/endpoints: what `stopgate exec` needs
+// to put an agent behind this stopgate. Read-only; addresses as listened on.
+type Endpoints struct {
+	// Proxy is the egress proxy's host:port.
+	Proxy string `json:"proxy"`
+	// Transparent is the transparent listener's host:port; empty when
+	// transparent mode is off (and then no bindings can be made).
+	Transparent string `json:"transparent,omitempty"`
+	// RunTokens is "off", "accepted" or "required": whether the proxy
+	// verifies signed run tokens, and whether it takes nothing else.
+	RunTokens string `json:"run_tokens"`
+}
+
+// Run-token modes of Endpoints.RunTokens.
+const (
+	RunTokensOff      = "off"
+	RunTokensAccepted = "accepted"
+	RunTokensRequired = "required"
+)
+
+// DefaultBindingTTL is a binding's life without renewal when the request names none.
+const DefaultBindingTTL = 30 * time.Second
+
+// BindingRequest is the body of POST /v1/transparent/bindings: a loopback
+// listener bound to one run, for the kernel to redirect one uid to.
+type BindingRequest struct {
+	UID   *int64 `json:"uid"`
+	RunID string `json:"run_id"`
+	// CancelVersion is the version the caller observed; every request
+	// through the binding is checked against it. 0 checks ACTIVE alone.
+	CancelVersion int64 `json:"cancel_version,omitempty"`
+	// LeaseTTL is how long the binding lives without a renewal; nil takes
+	// DefaultBindingTTL.
+	LeaseTTL *TTL `json:"lease_ttl,omitempty"`
+}
+
+// Binding is a transparent binding as made or renewed.
+type Binding struct {
+	ID            string `json:"id"`
+	UID           uint32 `json:"uid"`
+	RunID         string `json:"run_id"`
+	CancelVersion int64  `json:"cancel_version,omitempty"`
+	// Port is where to redirect the uid (stopgate redirect install --port).
+	Port      int       `json:"port"`
+	Addrs     []string  `json:"addrs"`
+	LeaseTTL  TTL       `json:"lease_ttl"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// TransparentBinder makes, renews and ends bindings. Bind returns an error
+// wrapping ErrUIDBound for a uid that has one; Renew and Unbind one
+// wrapping ErrNoBinding for an id they do not know.
+type TransparentBinder interface {
+	Bind(ctx context.Context, uid uint32, runID string, version int64, ttl time.Duration) (Binding, error)
+	Renew(ctx context.Context, id string) (Binding, error)
+	Unbind(ctx context.Context, id string) error
+}
+
+// Errors a TransparentBinder wraps.
+var (
+	ErrUIDBound  = errors.New("uid already bound")
+	ErrNoBinding = errors.New("no such binding")
+)
+
+func (h *Handler) endpoints(r *http.Request, _ string) (int, any, error) {
+	return http.StatusOK, h.endpointInfo, nil
+}
+
+func (h *Handler) bind(r *http.Request, actor string) (int, any, error) {
+	if h.transparent == nil {
+		return 0, nil, transparentOff()
+	}
+	var body BindingRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if body.UID == nil {
+		return 0, nil, fmt.Errorf("%w: uid is required", state.ErrInvalid)
+	}
+	if *body.UID < 0 || *body.UID > 1<<32-2 {
+		return 0, nil, fmt.Errorf("%w: uid %d: want 0 to %d", state.ErrInvalid, *body.UID, int64(1<<32-2))
+	}
+	if err := state.ValidateRunID(body.RunID); err != nil {
+		return 0, nil, err
+	}
+	if body.CancelVersion < 0 {
+		return 0, nil, fmt.Errorf("%w: cancel_version %d is negative", state.ErrInvalid, body.CancelVersion)
+	}
+	ttl := DefaultBindingTTL
+	if body.LeaseTTL != nil {
+		ttl = time.Duration(*body.LeaseTTL)
+	}
+	b, err := h.transparent.Bind(r.Context(), uint32(*body.UID), body.RunID, body.CancelVersion, ttl)
+	if err != nil {
+		return 0, nil, bindingError(err)
+	}
+	h.log.Info("control: transparent binding made", "id", b.ID, "uid", b.UID, "run", b.RunID, "port", b.Port, "actor", actor)
+	return http.StatusCreated, b, nil
+}
+
+func (h *Handler) renewBinding(r *http.Request, _ string) (int, any, error) {
+	if h.transparent == nil {
+		return 0, nil, transparentOff()
+	}
+	b, err := h.transparent.Renew(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return 0, nil, bindingError(err)
+	}
+	return http.StatusOK, b, nil
+}
+
+func (h *Handler) unbind(r *http.Request, actor string) (int, any, error) {
+	if h.transparent == nil {
+		return 0, nil, transparentOff()
+	}
+	id := r.PathValue("id")
+	if err := h.transparent.Unbind(r.Context(), id); err != nil {
+		return 0, nil, bindingError(err)
+	}
+	h.log.Info("control: transparent binding removed", "id", id, "actor", actor)
+	return http.StatusOK, map[string]string{"id": id, "status": "removed"}, nil
+}
+
+func transparentOff() error {
+	return refusal.New(refusal.TransparentOff, "this stopgate has no transparent mode: start serve with --transparent-addr")
+}
+
+func bindingError(err error) error {
+	switch {
+	case errors.Is(err, ErrUIDBound):
+		return refusal.Wrap(err, refusal.UIDBound, "%v", err)
+	case errors.Is(err, ErrNoBinding):
+		return refusal.Wrap(err, refusal.NotFound, "%v", err)
+	}
+	return err
+}
