@@ -2,6 +2,7 @@ package intents_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -176,5 +177,51 @@ lookups:
 	rec.Pass(ctx)
 	if asked.Load() != before {
 		t.Fatalf("the unanswered lookup was retried before its backoff (asked %d more times)", asked.Load()-before)
+	}
+}
+
+// The ledger fences every guard at half its store timeout: a store whose
+// clock reads past that (the guard's turn came too late, or the store's
+// clock runs ahead by more than the tolerated skew) records nothing, and
+// the caller hears that the store is unavailable.
+func TestLedgerFencesGuardsAtHalfTheStoreTimeout(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, tc := range []struct {
+		name     string
+		ahead    time.Duration
+		admitted bool
+	}{
+		{"store clock in step", 0, true},
+		{"store clock ahead within the tolerated skew", timeout/2 - 200*time.Millisecond, true},
+		{"store clock past the fence", timeout/2 + 200*time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := filestore.Open(filepath.Join(t.TempDir(), "s.db"), filestore.Options{Now: func() time.Time { return time.Now().Add(tc.ahead) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+				t.Fatal(err)
+			}
+			l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1", StoreTimeout: timeout})
+			res, err := l.Begin(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP})
+			if tc.admitted {
+				if err != nil || !res.Admitted {
+					t.Fatalf("begin: %+v %v, want admitted", res, err)
+				}
+				return
+			}
+			if !errors.Is(err, state.ErrUnavailable) {
+				t.Fatalf("begin: %+v %v, want ErrUnavailable", res, err)
+			}
+			if _, err := s.Intent(ctx, "r", "k"); !errors.Is(err, state.ErrNotFound) {
+				t.Fatalf("a fenced guard left an intent (%v)", err)
+			}
+			if len(l.Held()) != 0 {
+				t.Fatalf("a fenced guard left a lease held: %v", l.Held())
+			}
+		})
 	}
 }

@@ -248,6 +248,20 @@ type GuardRequest struct {
 	LeaseOwner string
 	LeaseTTL   time.Duration
 	Actor      string
+	// NotAfter fences a guard its caller may give up on: once the store's
+	// own clock is past it, the store refuses to apply the guard with an
+	// error wrapping ErrUnavailable and records nothing (no intent, no
+	// lease, no event). A guard that waited in a queue, or that a paused
+	// Redis read only after resuming, then never takes effect after its
+	// caller answered "nothing was sent". Zero sets no fence.
+	NotAfter time.Time
+}
+
+// Late reports whether a store whose clock reads now must refuse the guard
+// because its NotAfter has passed. Times compare in whole milliseconds, the
+// stores' resolution.
+func (r GuardRequest) Late(now time.Time) bool {
+	return !r.NotAfter.IsZero() && now.UnixMilli() > r.NotAfter.UnixMilli()
 }
 
 // GuardResult is the guard's decision. A refusal is a result, not an error.

@@ -237,6 +237,12 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	}
 	var out state.GuardResult
 	err := s.update(ctx, "guard", func(t *txn) error {
+		// Checked inside the transaction, after the wait for the writer:
+		// a caller that gave up while queued must find nothing recorded.
+		if req.Late(t.now) {
+			return fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
+				req.RunID, state.ErrUnavailable, t.now.Format(time.RFC3339Nano), req.NotAfter.UTC().Format(time.RFC3339Nano))
+		}
 		r, found, err := t.run(req.RunID)
 		if err != nil {
 			return err

@@ -202,6 +202,9 @@ type reply struct {
 	Detail   string            `json:"detail"`
 	NotFound string            `json:"notfound"`
 	Renewed  []*record         `json:"renewed"`
+	// Late: the guard's NotAfter had passed when the script ran; nothing
+	// was written.
+	Late bool `json:"late"`
 }
 
 // record is an intent as the scripts store it (JSON in the run's intents
@@ -427,12 +430,20 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if !req.NotBefore.IsZero() {
 		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
 	}
+	notAfter := ""
+	if !req.NotAfter.IsZero() {
+		notAfter = strconv.FormatInt(req.NotAfter.UnixMilli(), 10)
+	}
 	r, err := s.call(ctx, "guard", req.RunID, guardScript,
 		req.Actor, req.ObservedVersion, req.Key, flag(req.ExplicitKey), string(req.Boundary),
 		req.Method, req.Target, req.BodyDigest, flag(req.AutoAdmit), flag(req.AllowCancelling),
-		notBefore, req.LeaseOwner, ms(req.LeaseTTL))
+		notBefore, req.LeaseOwner, ms(req.LeaseTTL), notAfter)
 	if err != nil {
 		return state.GuardResult{}, err
+	}
+	if r.Late {
+		return state.GuardResult{}, fmt.Errorf("redis guard run %s on %s: %w: Redis ran the guard after its deadline %s (by the server's clock); nothing was recorded",
+			req.RunID, s.addr, state.ErrUnavailable, req.NotAfter.UTC().Format(time.RFC3339Nano))
 	}
 	res := state.GuardResult{Admitted: r.Admitted, Refusal: r.Refusal, Run: state.Run{ID: req.RunID}}
 	if r.Run != nil {

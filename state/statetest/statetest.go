@@ -50,6 +50,7 @@ func Run(t *testing.T, open Open) {
 		{"EveryTransitionIsAudited", testAudit},
 		{"CancelsAreBroadcast", testCancelsBroadcast},
 		{"GuardRacingCancelNeverAdmitsAfterIt", testRace},
+		{"GuardPastItsDeadlineRecordsNothing", testGuardFenced},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -872,4 +873,55 @@ func nonZero(m map[state.IntentState]int) map[state.IntentState]int {
 		}
 	}
 	return m
+}
+
+// testGuardFenced: a guard whose caller's deadline (NotAfter) has passed by
+// the store's clock is refused as the store being unavailable, and leaves
+// no intent, no lease, no event and no row behind; the same key is then
+// admitted by a guard in time.
+func testGuardFenced(t *testing.T, s state.Store) {
+	admit(t, s, "fence")
+	late := state.GuardRequest{RunID: "fence", ObservedVersion: 1, Key: "pay-1", ExplicitKey: true, Boundary: state.BoundaryHTTP,
+		Method: "POST", Target: "https://api.example/pay", LeaseTTL: lease, LeaseOwner: "p", Actor: "p",
+		NotAfter: time.Now().Add(-time.Second)}
+	res, err := s.Guard(ctx(t), late)
+	if !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("guard past its deadline: got %+v, %v; want an error wrapping ErrUnavailable", res, err)
+	}
+	if _, err := s.Intent(ctx(t), "fence", "pay-1"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("a late guard left an intent (%v)", err)
+	}
+	wantCounts(t, get(t, s, "fence"), map[state.IntentState]int{})
+	evs, err := s.Events(ctx(t), "fence")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Kind != state.EventRunAdmitted {
+		t.Fatalf("a late guard left events: %+v", evs)
+	}
+	derived := late
+	derived.ExplicitKey, derived.Key = false, "base"
+	if _, err := s.Guard(ctx(t), derived); !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("derived guard past its deadline: %v, want ErrUnavailable", err)
+	}
+	auto := late
+	auto.RunID, auto.AutoAdmit = "fence-new", true
+	if _, err := s.Guard(ctx(t), auto); !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("auto-admitting guard past its deadline: %v, want ErrUnavailable", err)
+	}
+	if _, err := s.Get(ctx(t), "fence-new"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("a late auto-admitting guard created the run (%v)", err)
+	}
+
+	inTime := late
+	inTime.NotAfter = time.Now().Add(time.Minute)
+	ok := guard(t, s, inTime)
+	if !ok.Admitted || ok.Intent.Key != "pay-1" || ok.Intent.Attempts != 1 {
+		t.Fatalf("the same key guarded in time: %+v", ok)
+	}
+	// The derived base was never used: the first dispatch in time is base.
+	derived.NotAfter = inTime.NotAfter
+	if d := guard(t, s, derived); !d.Admitted || d.Intent.Key != "base" {
+		t.Fatalf("derived guard in time after a late one: %+v", d)
+	}
 }

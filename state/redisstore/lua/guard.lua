@@ -1,13 +1,21 @@
 -- guard: ARGV actor, observed version, key, explicit (1/0), boundary,
 -- method, target, body digest, auto-admit (1/0), allow cancelling (1/0),
--- not_before ms ('' to dispatch now), lease owner, lease ttl ms.
+-- not_before ms ('' to dispatch now), lease owner, lease ttl ms,
+-- not_after ms ('' for no fence).
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
 local actor, observed_s, base, explicit = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local boundary, method, target, digest = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local auto, allow_cancelling, not_before = ARGV[9] == '1', ARGV[10] == '1', ARGV[11]
-local owner, ttl = ARGV[12], tonumber(ARGV[13])
+local owner, ttl, not_after = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
+
+-- The fence comes before anything is read or written: a guard that Redis
+-- runs after its caller gave up (queued behind a paused server, say) must
+-- leave no trace. The server's clock decides, not the caller's.
+if not_after and server_ms() > not_after then
+  return cjson.encode({late = true})
+end
 local observed = tonumber(observed_s)
 
 local run = load_run()
