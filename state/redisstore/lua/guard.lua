@@ -116,7 +116,7 @@ end
 it.observed_version = observed_s
 it.attempts = (it.attempts or 0) + 1
 it.status_code = nil
-it.reason = nil
+it.reason, it.source, it.note = nil, nil, nil
 it.updated_at = now
 if not_before ~= '' then
   it.state = 'SCHEDULED'
