@@ -2,6 +2,7 @@ package intents_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -176,5 +177,127 @@ lookups:
 	rec.Pass(ctx)
 	if asked.Load() != before {
 		t.Fatalf("the unanswered lookup was retried before its backoff (asked %d more times)", asked.Load()-before)
+	}
+}
+
+// The ledger fences every guard at half its store timeout: a store whose
+// clock reads past that (the guard's turn came too late, or the store's
+// clock runs ahead by more than the tolerated skew) records nothing, and
+// the caller hears that the store is unavailable.
+func TestLedgerFencesGuardsAtHalfTheStoreTimeout(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, tc := range []struct {
+		name     string
+		ahead    time.Duration
+		admitted bool
+	}{
+		{"store clock in step", 0, true},
+		{"store clock ahead within the tolerated skew", timeout/2 - 200*time.Millisecond, true},
+		{"store clock past the fence", timeout/2 + 200*time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := filestore.Open(filepath.Join(t.TempDir(), "s.db"), filestore.Options{Now: func() time.Time { return time.Now().Add(tc.ahead) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+				t.Fatal(err)
+			}
+			l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1", StoreTimeout: timeout})
+			res, err := l.Begin(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP})
+			if tc.admitted {
+				if err != nil || !res.Admitted {
+					t.Fatalf("begin: %+v %v, want admitted", res, err)
+				}
+				return
+			}
+			if !errors.Is(err, state.ErrUnavailable) {
+				t.Fatalf("begin: %+v %v, want ErrUnavailable", res, err)
+			}
+			if _, err := s.Intent(ctx, "r", "k"); !errors.Is(err, state.ErrNotFound) {
+				t.Fatalf("a fenced guard left an intent (%v)", err)
+			}
+			if len(l.Held()) != 0 {
+				t.Fatalf("a fenced guard left a lease held: %v", l.Held())
+			}
+		})
+	}
+}
+
+// A sweep ticks one page of ACTIVE runs: a dead carrier's lease on an
+// ACTIVE run expires into UNKNOWN within as many sweeps as there are
+// pages, never depending on the number of runs in one sweep.
+func TestSweeperWalksActiveRunsAPageAtATime(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	runs := []string{"a1", "a2", "a3"}
+	for _, run := range runs {
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Guard(ctx, state.GuardRequest{RunID: run, Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "gone", LeaseTTL: 20 * time.Millisecond, Actor: "gone"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	sw := &intents.Sweeper{Store: s, Actor: "sweeper:test", PageSize: 2}
+	expired := func() []string {
+		var out []string
+		for _, run := range runs {
+			if in, _ := s.Intent(ctx, run, "k"); in.State == state.IntentUnknown {
+				out = append(out, run)
+			}
+		}
+		return out
+	}
+	sw.Sweep(ctx)
+	if got := expired(); strings.Join(got, " ") != "a1 a2" {
+		t.Fatalf("after the first sweep (page of 2) expired: %v, want [a1 a2]", got)
+	}
+	sw.Sweep(ctx)
+	if got := expired(); len(got) != 3 {
+		t.Fatalf("after the second sweep expired: %v, want all three", got)
+	}
+	for _, run := range runs {
+		if r, _ := s.Get(ctx, run); r.Status != state.StatusActive {
+			t.Fatalf("an expired lease moved ACTIVE run %s to %s", run, r.Status)
+		}
+	}
+}
+
+// With a retention, the sweeper prunes the intents and events of runs
+// final for longer; the rows stay, and runs not final are untouched.
+func TestSweeperPrunesFinishedRunsPastRetention(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for _, run := range []string{"done", "live"} {
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Guard(ctx, state.GuardRequest{RunID: run, Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Complete(ctx, state.CompleteRequest{RunID: "done", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	keep := &intents.Sweeper{Store: s, Actor: "sweeper:test"}
+	keep.Sweep(ctx)
+	if ins, _ := s.Intents(ctx, "done"); len(ins) != 1 {
+		t.Fatalf("a sweeper without retention pruned: %+v", ins)
+	}
+	time.Sleep(30 * time.Millisecond)
+	sw := &intents.Sweeper{Store: s, Actor: "sweeper:test", Retention: 10 * time.Millisecond}
+	sw.Sweep(ctx)
+	if ins, _ := s.Intents(ctx, "done"); len(ins) != 0 {
+		t.Fatalf("the finished run's intents after retention: %+v", ins)
+	}
+	if r, _ := s.Get(ctx, "done"); r.Status != state.StatusCompleted || r.PrunedAt.IsZero() {
+		t.Fatalf("the finished run's row after retention: %+v", r)
+	}
+	if ins, _ := s.Intents(ctx, "live"); len(ins) != 1 {
+		t.Fatalf("the ACTIVE run's intents were pruned: %+v", ins)
 	}
 }

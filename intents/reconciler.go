@@ -20,6 +20,10 @@ import (
 // lookups of the policy: an answer that means applied or not applied
 // resolves the intent (source "lookup"); anything else is tried again with
 // backoff until it answers.
+//
+// A pass looks at every draining run (CANCELLING, UNKNOWN) and at one page
+// of ACTIVE runs (PageSize), walking them in id order as the Sweeper does,
+// so its cost follows the runs draining now, not the runs stored.
 type Reconciler struct {
 	Store   state.Store
 	Lookups []policy.Lookup
@@ -29,8 +33,12 @@ type Reconciler struct {
 	StoreTimeout time.Duration
 	Actor        string
 	Logger       *slog.Logger
+	// PageSize is how many ACTIVE runs a pass looks at (DefaultSweepPage
+	// when zero).
+	PageSize int
 
 	mu    sync.Mutex
+	after string // the ACTIVE run id the next page starts after
 	next  map[state.IntentRef]time.Time
 	waits map[state.IntentRef]time.Duration
 }
@@ -43,15 +51,19 @@ func (r *Reconciler) Run(ctx context.Context) {
 	every(ctx, r.Interval, r.Pass)
 }
 
-// Pass tries every UNKNOWN intent of every live run whose backoff has passed.
+// Pass tries every UNKNOWN intent whose backoff has passed, of every
+// draining run and of one page of ACTIVE runs.
 func (r *Reconciler) Pass(ctx context.Context) {
 	log := r.logger()
-	runs, err := storeCall(ctx, r.StoreTimeout, r.Store.LiveRuns)
+	runs, err := storeCall(ctx, r.StoreTimeout, r.Store.DrainingRuns)
 	if err != nil {
-		log.Warn("reconcile: cannot list live runs", "err", err)
-		return
+		log.Warn("reconcile: cannot list draining runs", "err", err)
 	}
-	for _, run := range runs {
+	active, err := r.page(ctx)
+	if err != nil {
+		log.Warn("reconcile: cannot list active runs", "err", err)
+	}
+	for _, run := range append(runs, active...) {
 		ins, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]state.Intent, error) { return r.Store.Intents(ctx, run) })
 		if err != nil {
 			log.Warn("reconcile: cannot list intents", "run", run, "err", err)
@@ -66,6 +78,31 @@ func (r *Reconciler) Pass(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// page reads the next page of ACTIVE runs and moves the walk on.
+func (r *Reconciler) page(ctx context.Context) ([]string, error) {
+	r.mu.Lock()
+	after := r.after
+	r.mu.Unlock()
+	size := r.PageSize
+	if size <= 0 {
+		size = DefaultSweepPage
+	}
+	ids, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]string, error) {
+		return r.Store.ActiveRuns(ctx, after, size)
+	})
+	if err != nil {
+		return nil, err
+	}
+	next := ""
+	if len(ids) == size {
+		next = ids[len(ids)-1]
+	}
+	r.mu.Lock()
+	r.after = next
+	r.mu.Unlock()
+	return ids, nil
 }
 
 func (r *Reconciler) lookupFor(in state.Intent) (policy.Lookup, bool) {

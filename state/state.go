@@ -109,6 +109,10 @@ type Run struct {
 	CancelledAt time.Time `json:"cancelled_at,omitzero"`
 	// DrainDeadline is when a CANCELLING run stops waiting for in-flight work.
 	DrainDeadline time.Time `json:"drain_deadline,omitzero"`
+	// PrunedAt is when retention last removed the intents and events of
+	// this final run (Store.Prune); zero if never. The row itself, its
+	// status, version and intent counts stay for good.
+	PrunedAt time.Time `json:"pruned_at,omitzero"`
 	// Intents counts the run's intents by state; states with none are absent.
 	Intents map[IntentState]int `json:"intents"`
 }
@@ -175,6 +179,27 @@ const (
 	EventIntentExpired  = "intent.lease_expired"
 	EventIntentRevoked  = "intent.revoked"
 	EventIntentResolved = "intent.resolved"
+	// EventIntentCut notes that the carrier cut an effect whose outcome was
+	// already recorded (a response cut mid-stream): Store.Note.
+	EventIntentCut = "intent.cut"
+)
+
+// storeKinds are the event kinds the stores write for transitions; a note
+// may not pass for one of them.
+var storeKinds = []string{
+	EventRunAdmitted, EventRunCancelled, EventRunTransition, EventRunCompleted, EventIntentAdmitted,
+	EventIntentRefused, EventIntentOutcome, EventIntentExpired, EventIntentRevoked, EventIntentResolved,
+}
+
+// Sources of a NOT_APPLIED outcome the carrier records itself (Finish), as
+// opposed to a reconciliation (Resolve: operator, webhook, lookup).
+const (
+	// SourceSafeMethod: a safe-method request (GET, HEAD, a stream) cut
+	// after bytes were sent; reading has no external effect.
+	SourceSafeMethod = "safe_method"
+	// SourcePolicy: a request to a destination the policy declares
+	// without external effects (effects: none), cut after bytes were sent.
+	SourcePolicy = "policy"
 )
 
 // Refusal reasons the guard returns.
@@ -254,6 +279,20 @@ type GuardRequest struct {
 	// one step, whatever the run's state, and admits nothing. The run row
 	// is not changed (an unseen run is still auto-admitted when asked).
 	Refuse string
+	// NotAfter fences a guard its caller may give up on: once the store's
+	// own clock is past it, the store refuses to apply the guard with an
+	// error wrapping ErrUnavailable and records nothing (no intent, no
+	// lease, no event). A guard that waited in a queue, or that a paused
+	// Redis read only after resuming, then never takes effect after its
+	// caller answered "nothing was sent". Zero sets no fence.
+	NotAfter time.Time
+}
+
+// Late reports whether a store whose clock reads now must refuse the guard
+// because its NotAfter has passed. Times compare in whole milliseconds, the
+// stores' resolution.
+func (r GuardRequest) Late(now time.Time) bool {
+	return !r.NotAfter.IsZero() && now.UnixMilli() > r.NotAfter.UnixMilli()
 }
 
 // GuardResult is the guard's decision. A refusal is a result, not an error.
@@ -273,11 +312,34 @@ type FinishRequest struct {
 	// Attempt is the intent's attempt number the carrier dispatched; a
 	// report for an older attempt is refused.
 	Attempt int
-	// Outcome is RESPONDED, NOT_SENT or UNKNOWN.
+	// Outcome is RESPONDED, NOT_SENT, UNKNOWN, or NOT_APPLIED with Source
+	// (only from IN_FLIGHT: a cut request that provably had no effect).
 	Outcome    IntentState
 	StatusCode int
 	Reason     string
-	Actor      string
+	// Source says why a NOT_APPLIED outcome is known: SourceSafeMethod or
+	// SourcePolicy. Required with NOT_APPLIED, refused with any other.
+	Source string
+	Actor  string
+}
+
+// NoteRequest appends one audit event about an intent without changing
+// any state: Kind is the event's kind (EventIntentCut, say), never one of
+// the kinds the stores write for transitions.
+type NoteRequest struct {
+	RunID  string
+	Key    string
+	Kind   string
+	Reason string
+	Actor  string
+}
+
+// PruneRequest asks retention to remove the intents and events of runs
+// that became final (CANCELLED, COMPLETED) before FinalBefore, at most
+// Limit runs in one call. The rows stay: a cancelled run never comes back.
+type PruneRequest struct {
+	FinalBefore time.Time
+	Limit       int
 }
 
 // ResolveRequest reconciles an UNKNOWN intent.
@@ -349,8 +411,15 @@ type Store interface {
 	Get(ctx context.Context, runID string) (Run, error)
 	// List returns rows ordered by run id; status "" lists all.
 	List(ctx context.Context, status Status) ([]Run, error)
-	// LiveRuns lists ids of runs that are not final (ACTIVE, CANCELLING, UNKNOWN).
-	LiveRuns(ctx context.Context) ([]string, error)
+	// DrainingRuns lists the ids of CANCELLING and UNKNOWN runs, in id
+	// order: the runs every sweep ticks. Its cost follows the runs that
+	// are draining now, not the runs ever stored.
+	DrainingRuns(ctx context.Context) ([]string, error)
+	// ActiveRuns lists the ids of ACTIVE runs sorting after `after` ("" for
+	// the first), in id order, at most limit of them. Fewer than limit
+	// means there are no more: a caller walking them a page at a time
+	// starts again from "". Its cost follows limit, not the runs stored.
+	ActiveRuns(ctx context.Context, after string, limit int) ([]string, error)
 
 	// Guard is the one atomic check-and-record of an effect.
 	Guard(ctx context.Context, req GuardRequest) (GuardResult, error)
@@ -360,6 +429,10 @@ type Store interface {
 	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
 	// finalizes the run.
 	Resolve(ctx context.Context, req ResolveRequest) (Intent, error)
+	// Note appends one event about an existing intent to the run's audit
+	// log and changes nothing else; ErrNotFound for an unknown run or
+	// intent.
+	Note(ctx context.Context, req NoteRequest) error
 	// Renew extends the leases of IN_FLIGHT intents held by req.Owner;
 	// intents no longer IN_FLIGHT or held by another owner are skipped.
 	Renew(ctx context.Context, req RenewRequest) (RenewResult, error)
@@ -376,6 +449,15 @@ type Store interface {
 	Intents(ctx context.Context, runID string) ([]Intent, error)
 	// Events returns the run's audit log in order.
 	Events(ctx context.Context, runID string) ([]Event, error)
+
+	// Prune removes the intents and events of up to req.Limit runs that
+	// became final before req.FinalBefore and returns how many runs it
+	// pruned. Each row stays, with its status, version and intent counts,
+	// and PrunedAt set. What is recorded against a final run after it
+	// became final (the refusals of an agent that keeps trying) is pruned
+	// with it, or, when it came after a prune, one retention after the
+	// first such record.
+	Prune(ctx context.Context, req PruneRequest) (int, error)
 
 	// Cancels delivers the id of every run whose cancel commits, from any
 	// instance sharing the store, until ctx ends. Delivery is best effort:

@@ -96,8 +96,15 @@ func (r FinishRequest) Validate() error {
 	}
 	switch r.Outcome {
 	case IntentResponded, IntentNotSent, IntentUnknown:
+		if r.Source != "" {
+			return fmt.Errorf("%w: source %q: a source goes only with outcome NOT_APPLIED", ErrInvalid, r.Source)
+		}
+	case IntentNotApplied:
+		if r.Source != SourceSafeMethod && r.Source != SourcePolicy {
+			return fmt.Errorf("%w: outcome NOT_APPLIED needs source %q or %q (got %q): an UNKNOWN is reconciled with Resolve", ErrInvalid, SourceSafeMethod, SourcePolicy, r.Source)
+		}
 	default:
-		return fmt.Errorf("%w: outcome %q: want RESPONDED, NOT_SENT or UNKNOWN", ErrInvalid, r.Outcome)
+		return fmt.Errorf("%w: outcome %q: want RESPONDED, NOT_SENT, UNKNOWN or NOT_APPLIED", ErrInvalid, r.Outcome)
 	}
 	if r.Attempt < 1 {
 		return fmt.Errorf("%w: attempt %d: want the attempt number the guard returned (1 or more)", ErrInvalid, r.Attempt)
@@ -126,6 +133,64 @@ func (r ResolveRequest) Validate() error {
 		if err := validateText(field, v); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// MaxKindLen bounds a note's kind.
+const MaxKindLen = 64
+
+// Validate checks a note.
+func (r NoteRequest) Validate() error {
+	if err := ValidateRunID(r.RunID); err != nil {
+		return err
+	}
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if r.Kind == "" || len(r.Kind) > MaxKindLen {
+		return fmt.Errorf("%w: note kind %q: want 1 to %d bytes", ErrInvalid, r.Kind, MaxKindLen)
+	}
+	for _, c := range r.Kind {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: note kind %q has %q; use lower-case letters, digits and . _ -", ErrInvalid, r.Kind, c)
+		}
+	}
+	if slices.Contains(storeKinds, r.Kind) {
+		return fmt.Errorf("%w: note kind %q is a transition the store records itself", ErrInvalid, r.Kind)
+	}
+	if err := validateText("actor", r.Actor); err != nil {
+		return err
+	}
+	return validateText("reason", r.Reason)
+}
+
+// MaxPruneLimit bounds the runs one Prune call may remove, so that one
+// call stays one bounded step.
+const MaxPruneLimit = 10000
+
+// Validate checks a prune.
+func (r PruneRequest) Validate() error {
+	if r.FinalBefore.IsZero() {
+		return fmt.Errorf("%w: prune needs FinalBefore: the time before which runs became final", ErrInvalid)
+	}
+	if r.Limit < 1 || r.Limit > MaxPruneLimit {
+		return fmt.Errorf("%w: prune limit %d: want 1 to %d", ErrInvalid, r.Limit, MaxPruneLimit)
+	}
+	return nil
+}
+
+// MaxPage bounds one page of ActiveRuns.
+const MaxPage = 10000
+
+// ValidatePage checks the arguments of ActiveRuns: after is "" or any
+// string a run id could sort after, limit 1 to MaxPage.
+func ValidatePage(after string, limit int) error {
+	if len(after) > MaxRunIDLen {
+		return fmt.Errorf("%w: page cursor is %d bytes, longer than a run id (%d)", ErrInvalid, len(after), MaxRunIDLen)
+	}
+	if limit < 1 || limit > MaxPage {
+		return fmt.Errorf("%w: page size %d: want 1 to %d", ErrInvalid, limit, MaxPage)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ package filestore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -208,10 +209,42 @@ func initialize(db *bolt.DB, path string) error {
 				return err
 			}
 		}
+		if tx.Bucket([]byte(bucketFinal)) == nil {
+			return indexFinalRuns(tx)
+		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("filestore: preparing data file %s: %w", path, err)
+	}
+	return nil
+}
+
+// indexFinalRuns creates the retention index of a file written before it
+// existed: every final run enters it dated by its last transition.
+func indexFinalRuns(tx *bolt.Tx) error {
+	idx, err := tx.CreateBucket([]byte(bucketFinal))
+	if err != nil {
+		return err
+	}
+	for _, st := range []state.Status{state.StatusCancelled, state.StatusCompleted} {
+		for _, id := range idsWithStatus(tx, st) {
+			rec, _, found, err := loadRecord(tx, id)
+			if err != nil || !found {
+				return fmt.Errorf("indexing final run %s for retention: %v", id, err)
+			}
+			rec.Retention = rec.UpdatedAt.UnixMilli()
+			raw, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket([]byte(bucketRuns)).Put([]byte(id), raw); err != nil {
+				return err
+			}
+			if err := idx.Put(retentionKey(rec.Retention, id), nil); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 	"github.com/stopgate/stopgate/state/statetest"
@@ -436,4 +438,48 @@ func BenchmarkGuardParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A data file written before the retention index existed gets one at
+// Open: its final runs are pruned like any other.
+func TestOpenIndexesFinalRunsOfAnOlderFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stopgate.db")
+	s := open(t, path)
+	ctx := testCtx(t)
+	if err := admitGuardCancel(ctx, s, "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "done", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, state.CompleteRequest{RunID: "done", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("final")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = open(t, path)
+	defer s.Close()
+	time.Sleep(5 * time.Millisecond)
+	n, err := s.Prune(ctx, state.PruneRequest{FinalBefore: time.Now(), Limit: 10})
+	if err != nil || n != 1 {
+		t.Fatalf("prune after reopening an older file: %d %v, want the completed run", n, err)
+	}
+	if r, _ := s.Get(ctx, "done"); r.PrunedAt.IsZero() {
+		t.Fatalf("the completed run of the older file was not pruned: %+v", r)
+	}
+	if ins, _ := s.Intents(ctx, "cancelled"); len(ins) != 1 {
+		t.Fatalf("the CANCELLING run of the older file lost its intents: %+v", ins)
+	}
 }

@@ -1,7 +1,9 @@
 package filestore
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -207,16 +209,37 @@ func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, err
 	return out, err
 }
 
-// LiveRuns lists the ids of runs that are not final.
-func (s *Store) LiveRuns(ctx context.Context) ([]string, error) {
+// DrainingRuns lists the ids of CANCELLING and UNKNOWN runs.
+func (s *Store) DrainingRuns(ctx context.Context) ([]string, error) {
 	var out []string
-	err := s.view(ctx, "live runs", func(tx *bolt.Tx) error {
-		for _, st := range []state.Status{state.StatusActive, state.StatusCancelling, state.StatusUnknown} {
+	err := s.view(ctx, "draining runs", func(tx *bolt.Tx) error {
+		for _, st := range []state.Status{state.StatusCancelling, state.StatusUnknown} {
 			out = append(out, idsWithStatus(tx, st)...)
 		}
 		return nil
 	})
 	slices.Sort(out)
+	return out, err
+}
+
+// ActiveRuns lists up to limit ids of ACTIVE runs after `after`, from the
+// status index: a seek and a short walk, whatever the number of runs.
+func (s *Store) ActiveRuns(ctx context.Context, after string, limit int) ([]string, error) {
+	if err := state.ValidatePage(after, limit); err != nil {
+		return nil, err
+	}
+	var out []string
+	err := s.view(ctx, "active runs", func(tx *bolt.Tx) error {
+		prefix := statusKey(state.StatusActive, "")
+		c := tx.Bucket([]byte(bucketStatus)).Cursor()
+		k, _ := c.Seek(statusKey(state.StatusActive, after))
+		for ; k != nil && len(out) < limit && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if id := string(k[len(prefix):]); id != after {
+				out = append(out, id)
+			}
+		}
+		return nil
+	})
 	return out, err
 }
 
@@ -237,6 +260,12 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	}
 	var out state.GuardResult
 	err := s.update(ctx, "guard", func(t *txn) error {
+		// Checked inside the transaction, after the wait for the writer:
+		// a caller that gave up while queued must find nothing recorded.
+		if req.Late(t.now) {
+			return fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
+				req.RunID, state.ErrUnavailable, t.now.Format(time.RFC3339Nano), req.NotAfter.UTC().Format(time.RFC3339Nano))
+		}
 		r, found, err := t.run(req.RunID)
 		if err != nil {
 			return err
@@ -282,6 +311,9 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	}
 
 	refused := func(refusal string, to state.IntentState) (state.GuardResult, error) {
+		if err := r.keepForRetention(); err != nil {
+			return state.GuardResult{}, err
+		}
 		err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: key, To: string(to), Reason: refusal})
 		return state.GuardResult{Refusal: refusal, Run: r.row, Intent: rec.Intent}, err
 	}
@@ -349,6 +381,8 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	rec.ObservedVersion = req.ObservedVersion
 	rec.StatusCode = 0
 	rec.Reason = ""
+	rec.Source = ""
+	rec.Note = ""
 	rec.UpdatedAt = now
 	if req.NotBefore.IsZero() {
 		rec.State = state.IntentInFlight
@@ -394,6 +428,7 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 		if late {
 			rec.Reason = reasonLateResponse
 		}
+		rec.Source = req.Source
 		rec.LeaseOwner = ""
 		rec.LeaseExpires = time.Time{}
 		rec.UpdatedAt = t.now
@@ -401,7 +436,7 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 			return err
 		}
 		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentOutcome, Intent: rec.Key,
-			From: string(from), To: string(rec.State), Reason: rec.Reason}); err != nil {
+			From: string(from), To: string(rec.State), Reason: outcomeReason(rec.Source, rec.Reason)}); err != nil {
 			return err
 		}
 		if err := r.finalize(req.Actor); err != nil {
@@ -411,6 +446,38 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 		return r.save()
 	})
 	return out, err
+}
+
+// outcomeReason is the audit reason of an outcome: its source first when
+// it has one ("safe_method: run_cancelled"), as a resolution's is.
+func outcomeReason(source, reason string) string {
+	switch {
+	case source == "":
+		return reason
+	case reason == "":
+		return source
+	}
+	return source + ": " + reason
+}
+
+// Note appends one event about an intent and changes nothing else.
+func (s *Store) Note(ctx context.Context, req state.NoteRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	return s.update(ctx, "note", func(t *txn) error {
+		r, rec, err := t.runIntent(req.RunID, req.Key)
+		if err != nil {
+			return err
+		}
+		if err := r.keepForRetention(); err != nil {
+			return err
+		}
+		if err := r.event(state.Event{Actor: req.Actor, Kind: req.Kind, Intent: rec.Key, Reason: req.Reason}); err != nil {
+			return err
+		}
+		return r.save()
+	})
 }
 
 // Resolve reconciles an UNKNOWN intent, then finalizes the run.
@@ -642,4 +709,56 @@ func runBucket(tx *bolt.Tx, runID string) (*bolt.Bucket, error) {
 		return nil, fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
 	}
 	return b, nil
+}
+
+// Prune removes the intents and events of up to req.Limit runs whose
+// retention entry is older than req.FinalBefore, oldest first, in one
+// transaction. It reads the retention index only up to FinalBefore, so a
+// call that finds nothing costs a seek.
+func (s *Store) Prune(ctx context.Context, req state.PruneRequest) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	before := req.FinalBefore.UnixMilli()
+	var due []string
+	err := s.view(ctx, "prune", func(tx *bolt.Tx) error {
+		c := tx.Bucket([]byte(bucketFinal)).Cursor()
+		for k, _ := c.First(); k != nil && len(due) < req.Limit; k, _ = c.Next() {
+			if len(k) < 8 || int64(binary.BigEndian.Uint64(k)) >= before {
+				break
+			}
+			due = append(due, string(k[8:]))
+		}
+		return nil
+	})
+	if err != nil || len(due) == 0 {
+		return 0, err
+	}
+	pruned := 0
+	err = s.update(ctx, "prune", func(t *txn) error {
+		pruned = 0
+		for _, id := range due {
+			r, found, err := t.run(id)
+			if err != nil {
+				return err
+			}
+			// Checked again in the write transaction: a refusal may have
+			// renewed the entry since the read.
+			if !found || !r.row.Final() || r.retention == 0 || r.retention >= before {
+				continue
+			}
+			if err := r.prune(); err != nil {
+				return err
+			}
+			if err := r.save(); err != nil {
+				return err
+			}
+			pruned++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return pruned, nil
 }

@@ -25,6 +25,7 @@ const (
 	bucketPending = "pending"
 	bucketSeq     = "seq"
 	bucketEvents  = "events"
+	bucketFinal   = "final"
 	keyFormat     = "format"
 )
 
@@ -57,12 +58,22 @@ type txn struct {
 	wrote bool
 }
 
+// rowRecord is a run row as stored. Retention is the ms time of the run's
+// entry in the retention index (bucket final), 0 when it has none: a final
+// run gets one when it becomes final, loses it when pruned, and gets one
+// again when something is recorded against it after a prune.
+type rowRecord struct {
+	state.Run
+	Retention int64 `json:"retention,omitempty"`
+}
+
 // runTx is one run's row and buckets inside a transaction.
 type runTx struct {
-	t      *txn
-	row    state.Run
-	b      *bolt.Bucket
-	stored state.Status // the status the index has for this run ("" if new)
+	t         *txn
+	row       state.Run
+	retention int64
+	b         *bolt.Bucket
+	stored    state.Status // the status the index has for this run ("" if new)
 	// dirty means the row (fields or counts) must be saved. UpdatedAt is
 	// the time of the row's last transition, as in the Redis store: count
 	// changes alone do not move it (intents carry their own times).
@@ -106,29 +117,34 @@ func statusKey(status state.Status, id string) []byte {
 
 // loadRun reads a run row and its buckets; found is false for an unseen run.
 func loadRun(tx *bolt.Tx, id string) (row state.Run, b *bolt.Bucket, found bool, err error) {
+	rec, b, found, err := loadRecord(tx, id)
+	return rec.Run, b, found, err
+}
+
+func loadRecord(tx *bolt.Tx, id string) (rec rowRecord, b *bolt.Bucket, found bool, err error) {
 	raw := tx.Bucket([]byte(bucketRuns)).Get([]byte(id))
 	if raw == nil {
-		return state.Run{}, nil, false, nil
+		return rowRecord{}, nil, false, nil
 	}
-	if err := json.Unmarshal(raw, &row); err != nil {
-		return state.Run{}, nil, false, storeErr("run %s: decoding row: %w", id, err)
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return rowRecord{}, nil, false, storeErr("run %s: decoding row: %w", id, err)
 	}
 	b = tx.Bucket([]byte(bucketRun)).Bucket([]byte(id))
 	if b == nil {
-		return state.Run{}, nil, false, storeErr("run %s: row without its buckets", id)
+		return rowRecord{}, nil, false, storeErr("run %s: row without its buckets", id)
 	}
-	if row.Intents == nil {
-		row.Intents = map[state.IntentState]int{}
+	if rec.Intents == nil {
+		rec.Intents = map[state.IntentState]int{}
 	}
-	return row, b, true, nil
+	return rec, b, true, nil
 }
 
 func (t *txn) run(id string) (*runTx, bool, error) {
-	row, b, found, err := loadRun(t.tx, id)
+	rec, b, found, err := loadRecord(t.tx, id)
 	if err != nil || !found {
 		return nil, found, err
 	}
-	return &runTx{t: t, row: row, b: b, stored: row.Status}, true, nil
+	return &runTx{t: t, row: rec.Run, retention: rec.Retention, b: b, stored: rec.Status}, true, nil
 }
 
 // createRun writes a new row and its buckets; the caller sets the rest of
@@ -165,12 +181,36 @@ func (t *txn) admit(id, actor, reason string) (*runTx, error) {
 	return r, err
 }
 
-// save writes the row if it changed and keeps the status index in step.
+// retentionKey is a run's entry in the retention index: time, then id, so
+// that the index reads oldest first.
+func retentionKey(ms int64, id string) []byte {
+	return append(u64(uint64(ms)), id...)
+}
+
+// keepForRetention gives a final run that has no retention entry (it was
+// pruned) a new one, dated now, before something more is recorded against
+// it: what an agent still tries after a prune leaves the store too.
+func (r *runTx) keepForRetention() error {
+	if !r.row.Final() || r.retention != 0 {
+		return nil
+	}
+	r.retention = r.t.now.UnixMilli()
+	r.dirty = true
+	return r.t.put(r.t.tx.Bucket([]byte(bucketFinal)), retentionKey(r.retention, r.row.ID), nil)
+}
+
+// save writes the row if it changed and keeps the status and retention
+// indexes in step.
 func (r *runTx) save() error {
 	if !r.dirty {
 		return nil
 	}
-	raw, err := json.Marshal(r.row)
+	if r.stored != r.row.Status && r.row.Final() {
+		if err := r.keepForRetention(); err != nil {
+			return err
+		}
+	}
+	raw, err := json.Marshal(rowRecord{Run: r.row, Retention: r.retention})
 	if err != nil {
 		return storeErr("run %s: encoding row: %w", r.row.ID, err)
 	}
@@ -428,4 +468,26 @@ func (r *runTx) conflict(code string, in *intentRecord, detail string) *state.Co
 		c.Intent = &i
 	}
 	return c
+}
+
+// prune removes the run's intents and events (every bucket under it) and
+// its retention entry; the row stays, with PrunedAt set.
+func (r *runTx) prune() error {
+	for _, name := range []string{bucketIntents, bucketOrder, bucketPending, bucketSeq, bucketEvents} {
+		if err := r.b.DeleteBucket([]byte(name)); err != nil {
+			return storeErr("run %s: pruning %s: %w", r.row.ID, name, err)
+		}
+		if _, err := r.b.CreateBucket([]byte(name)); err != nil {
+			return storeErr("run %s: pruning %s: %w", r.row.ID, name, err)
+		}
+	}
+	if r.retention != 0 {
+		if err := r.t.del(r.t.tx.Bucket([]byte(bucketFinal)), retentionKey(r.retention, r.row.ID)); err != nil {
+			return err
+		}
+	}
+	r.retention = 0
+	r.row.PrunedAt = r.t.now
+	r.dirty = true
+	return nil
 }

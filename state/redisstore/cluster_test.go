@@ -70,8 +70,8 @@ func TestCluster(t *testing.T) {
 		if r := must(s.Tick(ctx, state.TickRequest{RunID: "c1", Actor: "f"}))(t); r.Status != state.StatusUnknown {
 			t.Fatalf("run after the walk on a cluster: %+v", r)
 		}
-		if live := must(s.LiveRuns(ctx))(t); len(live) != 1 || live[0] != "c1" {
-			t.Fatalf("live runs on a cluster: %v", live)
+		if draining := must(s.DrainingRuns(ctx))(t); len(draining) != 1 || draining[0] != "c1" {
+			t.Fatalf("draining runs on a cluster: %v", draining)
 		}
 		if d := must(s.Durability(ctx))(t); !d.Known || d.AOF {
 			t.Fatalf("durability of the cluster: %+v", d)

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -11,24 +12,36 @@ import (
 	"github.com/stopgate/stopgate/state"
 )
 
-// The cross-run indexes (all run ids for List, live run ids for LiveRuns)
+// The cross-run indexes (keys.go: all runs, active, draining, ended)
 // cannot live in a run's slot, so no run script can keep them in step. The
-// rule that keeps them correct whatever fails in between:
+// rules that keep them correct whatever fails in between:
 //
-//   - an id is added to the index (index.lua) BEFORE any script that may
-//     create its row runs: a row never exists without its index entry, even
-//     if this process dies between the two steps;
-//   - readers read the index, then the rows: an id without a row is skipped
-//     (its creation failed or is under way), an id whose row is final is
-//     dropped from the live set (a final row never changes again);
-//   - an id without a row is dropped only when its index entry is older
-//     than pruneGrace (prune.lua compares the server-time score), because a
-//     younger entry may belong to a row being created right now.
+//   - an id is added to an index (index.lua) BEFORE any script that may
+//     put its row where that index must find it: before a row is created
+//     (all runs, active), before a cancel (draining, ended), before a
+//     completion (ended). A row is never in a state its indexes miss, even
+//     if this process dies between the two steps.
+//   - readers read an index, then the rows, and trust the rows: an id
+//     without a row is skipped; an id whose row is no longer in the
+//     index's states is dropped from that index (a run never goes back to
+//     ACTIVE, and a final row never changes again).
+//   - an entry is dropped for lack of a row (or, in the draining set, for
+//     an ACTIVE row) only when it is older than pruneGrace (unindex.lua
+//     dates it by the server's clock, in one step), because a younger entry
+//     may belong to a row being created, or a cancel being applied, now.
+//   - removal that would hide a row comes BEFORE the run step that makes
+//     the entry useless, and is undone if that step fails (Prune); an entry
+//     added again after a run step (a refusal recorded against a pruned
+//     run) only costs a read if the step did not happen.
 
 // pruneGrace is how long an index entry without a row is kept. It only has
 // to exceed the time between the index step and the row's script, which is
 // bounded by OpTimeout; minutes leave room for a stalled process.
 const pruneGrace = 10 * time.Minute
+
+// indexLayout is the index layout this store writes; Open folds an older
+// one into it (layout.lua).
+const indexLayout = "2"
 
 // maxKnown bounds the memory of the known-rows cache; when full it starts
 // over, which costs one extra index round trip per run.
@@ -58,18 +71,85 @@ func (k *knownRuns) add(id string) {
 	k.m[id] = struct{}{}
 }
 
-// index adds the id to the all-runs index and, when live, to the live set,
-// as the first step of op.
-func (s *Store) index(ctx context.Context, op, runID string, live bool) error {
-	err := indexScript.Run(ctx, s.scripter, []string{allRunsKey, liveRunsKey}, flag(live), runID).Err()
-	if err != nil {
+// indexEntry names one index key and how the index script scores the id
+// there (index.lua: 't' now, 'n' now unless present, '0' zero).
+type indexEntry struct {
+	key, mode string
+}
+
+var (
+	// indexCreate comes before a step that may create an ACTIVE row.
+	indexCreate = []indexEntry{{allRunsKey, "t"}, {activeKey, "0"}}
+	// indexCancel comes before a cancel: it may create a tombstone, and
+	// it starts the run's drain and its way to a final status.
+	indexCancel = []indexEntry{{allRunsKey, "t"}, {drainingKey, "t"}, {endedKey, "n"}}
+	// indexEnd comes before a completion, and after a refusal recorded
+	// against a pruned run (so that retention finds the new records).
+	indexEnd = []indexEntry{{endedKey, "n"}}
+)
+
+// index adds the id to the indexes named, as the first step of op.
+func (s *Store) index(ctx context.Context, op, runID string, entries []indexEntry) error {
+	keys := make([]string, len(entries))
+	args := make([]any, 0, 1+len(entries))
+	args = append(args, runID)
+	for i, e := range entries {
+		keys[i] = e.key
+		args = append(args, e.mode)
+	}
+	if err := indexScript.Run(ctx, s.scripter, keys, args...).Err(); err != nil {
 		return s.fail(op+" (index step)", runID, err)
 	}
 	return nil
 }
 
-// rows reads the rows of ids, in pipelined batches. Missing rows are absent
-// from the map.
+// migrate folds an index of an older layout into this one.
+func (s *Store) migrate(ctx context.Context) error {
+	n, err := layoutScript.Run(ctx, s.scripter,
+		[]string{layoutKey, legacyLiveKey, allRunsKey, activeKey, drainingKey, endedKey}, indexLayout).Int()
+	if err != nil {
+		return s.fail("index layout", "", err)
+	}
+	if n == 1 {
+		s.log.Info("run indexes are in layout " + indexLayout)
+	}
+	return nil
+}
+
+// statuses reads the named fields of the rows of ids, in pipelined
+// batches. A missing row is absent from the map.
+func (s *Store) statuses(ctx context.Context, op string, ids []string, fields ...string) (map[string][]string, error) {
+	const batch = 512
+	out := make(map[string][]string, len(ids))
+	for start := 0; start < len(ids); start += batch {
+		part := ids[start:min(start+batch, len(ids))]
+		cmds := make([]*redis.SliceCmd, len(part))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range part {
+				cmds[i] = p.HMGet(ctx, keysOf(id).row, fields...)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, s.fail(op, "", err)
+		}
+		for i, id := range part {
+			vals := cmds[i].Val()
+			if len(vals) == 0 || vals[0] == nil {
+				continue
+			}
+			row := make([]string, len(vals))
+			for j, v := range vals {
+				row[j], _ = v.(string)
+			}
+			out[id] = row
+		}
+	}
+	return out, nil
+}
+
+// rows reads whole rows of ids, in pipelined batches. Missing rows are
+// absent from the map.
 func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]state.Run, error) {
 	const batch = 512
 	out := make(map[string]state.Run, len(ids))
@@ -94,33 +174,31 @@ func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]s
 	return out, nil
 }
 
-// members reads one index.
-func (s *Store) members(ctx context.Context, op, key string) ([]string, error) {
-	ids, err := s.rdb.ZRange(ctx, key, 0, -1).Result()
-	if err != nil {
-		return nil, s.fail(op, "", err)
-	}
-	return ids, nil
-}
-
-// prune drops old index entries of ids found without a row, within the
-// reader's deadline. It is housekeeping: a failure is logged, not returned.
-func (s *Store) prune(ctx context.Context, rowless []string) {
-	if len(rowless) == 0 {
+// unindex drops old entries of ids that the caller found useless from
+// dated and the other keys, within the reader's deadline. It is
+// housekeeping: a failure is logged, not returned.
+func (s *Store) unindex(ctx context.Context, why string, ids []string, dated string, others ...string) {
+	if len(ids) == 0 {
 		return
 	}
-	args := []any{pruneGrace.Milliseconds()}
-	for _, id := range rowless {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, pruneGrace.Milliseconds())
+	for _, id := range ids {
 		args = append(args, id)
 	}
-	n, err := pruneScript.Run(ctx, s.scripter, []string{allRunsKey, liveRunsKey}, args...).Int()
+	n, err := unindexScript.Run(ctx, s.scripter, append([]string{dated}, others...), args...).Int()
 	if err != nil {
-		s.log.Warn("index entries without a row not pruned", "ids", len(rowless), "err", err)
+		s.log.Warn("index entries not dropped", "why", why, "ids", len(ids), "err", err)
 		return
 	}
 	if n > 0 {
-		s.log.Info("pruned index entries of runs whose creation never completed", "entries", n)
+		s.log.Info("index entries dropped", "why", why, "entries", n)
 	}
+}
+
+// rowless drops old entries of ids without a row from every index.
+func (s *Store) rowless(ctx context.Context, ids []string) {
+	s.unindex(ctx, "no row: its creation never completed", ids, indexKeys[0], indexKeys[1:]...)
 }
 
 // List returns rows ordered by run id, filtered by status ("" lists all).
@@ -131,9 +209,9 @@ func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, err
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	ids, err := s.members(ctx, "list", allRunsKey)
+	ids, err := s.rdb.ZRange(ctx, allRunsKey, 0, -1).Result()
 	if err != nil {
-		return nil, err
+		return nil, s.fail("list", "", err)
 	}
 	rows, err := s.rows(ctx, "list", ids)
 	if err != nil {
@@ -152,45 +230,192 @@ func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, err
 			out = append(out, r)
 		}
 	}
-	s.prune(ctx, rowless)
+	s.rowless(ctx, rowless)
 	return out, nil
 }
 
-// LiveRuns lists ids of runs that are not final, and drops final ones from
-// the live set as it finds them.
-func (s *Store) LiveRuns(ctx context.Context) ([]string, error) {
+// DrainingRuns lists the ids of CANCELLING and UNKNOWN runs from the
+// draining set, and drops from it the final runs it finds there.
+func (s *Store) DrainingRuns(ctx context.Context) ([]string, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	ids, err := s.members(ctx, "live runs", liveRunsKey)
+	ids, err := s.rdb.ZRange(ctx, drainingKey, 0, -1).Result()
+	if err != nil {
+		return nil, s.fail("draining runs", "", err)
+	}
+	rows, err := s.statuses(ctx, "draining runs", ids, "status")
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.rows(ctx, "live runs", ids)
-	if err != nil {
-		return nil, err
-	}
-	var live, final, rowless []string
+	var out, final, active, rowless []string
 	for _, id := range ids {
-		r, ok := rows[id]
+		row, ok := rows[id]
 		switch {
 		case !ok:
 			rowless = append(rowless, id)
-		case r.Final():
-			final = append(final, id)
+		case row[0] == string(state.StatusCancelling) || row[0] == string(state.StatusUnknown):
+			out = append(out, id)
+		case row[0] == string(state.StatusActive):
+			// A cancel indexed but not applied (yet, or ever).
+			active = append(active, id)
 		default:
-			live = append(live, id)
+			final = append(final, id)
 		}
 	}
 	if len(final) > 0 {
-		err := s.rdb.ZRem(ctx, liveRunsKey, anys(final)...).Err()
-		if err != nil {
+		if err := s.rdb.ZRem(ctx, drainingKey, anys(final)...).Err(); err != nil {
 			// The ids stay in the set and are dropped next time.
-			s.log.Warn("final runs not dropped from the live set", "ids", len(final), "err", err)
+			s.log.Warn("final runs not dropped from the draining set", "ids", len(final), "err", err)
 		}
 	}
-	s.prune(ctx, rowless)
-	slices.Sort(live)
-	return live, nil
+	s.unindex(ctx, "a cancel that was never applied", active, drainingKey)
+	s.rowless(ctx, rowless)
+	slices.Sort(out)
+	return out, nil
+}
+
+// ActiveRuns lists up to limit ids of ACTIVE runs after `after`, in id
+// order, from the active set (ZRANGE BYLEX: a seek and a short read,
+// whatever the number of runs). Ids found no longer ACTIVE leave the set
+// as they are read; reading goes on until limit ids are found or the set
+// ends, so a short page means the end.
+func (s *Store) ActiveRuns(ctx context.Context, after string, limit int) ([]string, error) {
+	if err := state.ValidatePage(after, limit); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	var out []string
+	for len(out) < limit {
+		start := "-"
+		if after != "" {
+			start = "(" + after
+		}
+		want := limit - len(out)
+		ids, err := s.rdb.ZRangeByLex(ctx, activeKey, &redis.ZRangeBy{Min: start, Max: "+", Count: int64(want)}).Result()
+		if err != nil {
+			return nil, s.fail("active runs", "", err)
+		}
+		rows, err := s.statuses(ctx, "active runs", ids, "status")
+		if err != nil {
+			return nil, err
+		}
+		var gone, rowless []string
+		for _, id := range ids {
+			row, ok := rows[id]
+			switch {
+			case !ok:
+				rowless = append(rowless, id)
+			case row[0] == string(state.StatusActive):
+				out = append(out, id)
+			default:
+				gone = append(gone, id)
+			}
+		}
+		if len(gone) > 0 {
+			if err := s.rdb.ZRem(ctx, activeKey, anys(gone)...).Err(); err != nil {
+				s.log.Warn("runs no longer ACTIVE not dropped from the active set", "ids", len(gone), "err", err)
+			}
+		}
+		s.rowless(ctx, rowless)
+		if len(ids) < want {
+			break
+		}
+		after = ids[len(ids)-1]
+	}
+	return out, nil
+}
+
+// Prune removes the intents and events of up to req.Limit runs that became
+// final before req.FinalBefore. It walks the ended set oldest first, up to
+// FinalBefore; each entry read is settled so that the next walk does not
+// read it again: pruned (the entry leaves first, and comes back if the
+// run's step fails), not final yet (re-dated now), or final too recently
+// (re-dated to when it became final).
+func (s *Store) Prune(ctx context.Context, req state.PruneRequest) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	before := req.FinalBefore.UnixMilli()
+	// A walk reads a bounded number of entries: young entries without a
+	// row may stay in range until their grace passes.
+	budget := 4*req.Limit + 256
+	pruned := 0
+	for pruned < req.Limit && budget > 0 {
+		zs, err := s.rdb.ZRangeByScoreWithScores(ctx, endedKey, &redis.ZRangeBy{
+			Min: "-inf", Max: "(" + strconv.FormatInt(before, 10), Count: int64(min(budget, 256)),
+		}).Result()
+		if err != nil {
+			return pruned, s.fail("prune", "", err)
+		}
+		if len(zs) == 0 {
+			break
+		}
+		budget -= len(zs)
+		ids := make([]string, len(zs))
+		for i, z := range zs {
+			ids[i] = z.Member.(string)
+		}
+		rows, err := s.statuses(ctx, "prune", ids, "status", "updated")
+		if err != nil {
+			return pruned, err
+		}
+		var rowless, draining []string
+		for i, id := range ids {
+			row, ok := rows[id]
+			if !ok {
+				rowless = append(rowless, id)
+				continue
+			}
+			if row[0] != string(state.StatusCancelled) && row[0] != string(state.StatusCompleted) {
+				draining = append(draining, id)
+				continue
+			}
+			final, _ := strconv.ParseInt(row[1], 10, 64)
+			if final >= before {
+				if err := s.rdb.ZAddXX(ctx, endedKey, redis.Z{Score: float64(final), Member: id}).Err(); err != nil {
+					return pruned, s.fail("prune", id, err)
+				}
+				continue
+			}
+			if pruned == req.Limit {
+				continue
+			}
+			ok, err := s.pruneRun(ctx, id, before, zs[i].Score)
+			if err != nil {
+				return pruned, err
+			}
+			if ok {
+				pruned++
+			}
+		}
+		for _, id := range draining {
+			if err := s.index(ctx, "prune", id, []indexEntry{{endedKey, "t"}}); err != nil {
+				return pruned, err
+			}
+		}
+		s.rowless(ctx, rowless)
+	}
+	return pruned, nil
+}
+
+// pruneRun prunes one run: its ended entry leaves first, so that a refusal
+// recorded against it after the prune puts one back (indexEnd); if the
+// run's step fails, the entry is put back.
+func (s *Store) pruneRun(ctx context.Context, id string, before int64, score float64) (bool, error) {
+	if err := s.rdb.ZRem(ctx, endedKey, id).Err(); err != nil {
+		return false, s.fail("prune", id, err)
+	}
+	n, err := pruneScript.Run(ctx, s.scripter, keysOf(id).list(), before).Int()
+	if err != nil {
+		if err2 := s.rdb.ZAddNX(ctx, endedKey, redis.Z{Score: score, Member: id}).Err(); err2 != nil {
+			s.log.Warn("a run's retention entry was not put back after its prune failed; its records stay until something is recorded against it", "run_id", id, "err", err2)
+		}
+		return false, s.fail("prune", id, err)
+	}
+	return n == 1, nil
 }
 
 func anys(ss []string) []any {

@@ -12,11 +12,30 @@ const keyPrefix = "sg:"
 const cancelChannel = keyPrefix + "cancels"
 
 // The cross-run indexes share their own tag, so one script can maintain
-// both. They cannot share a slot with the runs they list.
+// several. They cannot share a slot with the runs they list; index.go says
+// how they stay correct anyway.
 const (
-	allRunsKey  = keyPrefix + "{index}:runs"
-	liveRunsKey = keyPrefix + "{index}:live"
+	// allRunsKey: every run id (score: when it was last indexed), for List,
+	// and the date that tells an entry whose row never came from one whose
+	// row is being created now.
+	allRunsKey = keyPrefix + "{index}:runs"
+	// activeKey: ids of runs that may be ACTIVE (score 0, so that ids read
+	// in order by ZRANGE BYLEX), for ActiveRuns.
+	activeKey = keyPrefix + "{index}:active"
+	// drainingKey: ids of runs that may be CANCELLING or UNKNOWN (score:
+	// when the cancel was indexed), for DrainingRuns.
+	drainingKey = keyPrefix + "{index}:draining"
+	// endedKey: ids of runs that were cancelled or completed (score: no
+	// later than when they became final), for Prune.
+	endedKey = keyPrefix + "{index}:ended"
+	// layoutKey marks the index layout; legacyLiveKey is the live set of
+	// the layout before it, folded into the others at Open.
+	layoutKey     = keyPrefix + "{index}:layout"
+	legacyLiveKey = keyPrefix + "{index}:live"
 )
+
+// indexKeys are every index key, in the order the rowless script takes them.
+var indexKeys = []string{allRunsKey, activeKey, drainingKey, endedKey}
 
 // runKeys are the KEYS of every per-run script, in the order the prelude
 // names them.

@@ -85,6 +85,12 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
+	mctx, cancel := s.op(ctx)
+	defer cancel()
+	if err := s.migrate(mctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
 	return s, nil
 }
 
@@ -202,6 +208,9 @@ type reply struct {
 	Detail   string            `json:"detail"`
 	NotFound string            `json:"notfound"`
 	Renewed  []*record         `json:"renewed"`
+	// Late: the guard's NotAfter had passed when the script ran; nothing
+	// was written.
+	Late bool `json:"late"`
 }
 
 // record is an intent as the scripts store it (JSON in the run's intents
@@ -284,6 +293,7 @@ func runOf(id string, m map[string]string) state.Run {
 		UpdatedAt:     at("updated"),
 		CancelledAt:   at("cancelled"),
 		DrainDeadline: at("drain"),
+		PrunedAt:      at("pruned"),
 		Intents:       map[state.IntentState]int{},
 	}
 	for k, v := range m {
@@ -352,7 +362,7 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	if err := s.index(ctx, "admit", req.RunID, true); err != nil {
+	if err := s.index(ctx, "admit", req.RunID, indexCreate); err != nil {
 		return state.AdmitResult{}, err
 	}
 	r, err := s.call(ctx, "admit", req.RunID, admitScript, req.Actor, req.Reason)
@@ -374,8 +384,8 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	// A tombstone is a row: index it first. It is final, so not live.
-	if err := s.index(ctx, "cancel", req.RunID, false); err != nil {
+	// A tombstone is a row, and a cancelled run drains: index it first.
+	if err := s.index(ctx, "cancel", req.RunID, indexCancel); err != nil {
 		return state.CancelResult{}, err
 	}
 	r, err := s.call(ctx, "cancel", req.RunID, cancelScript, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID)
@@ -395,6 +405,9 @@ func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
+	if err := s.index(ctx, "complete", req.RunID, indexEnd); err != nil {
+		return state.Run{}, err
+	}
 	r, err := s.call(ctx, "complete", req.RunID, completeScript, req.Actor, req.Reason, req.Version)
 	if err != nil {
 		return state.Run{}, err
@@ -419,7 +432,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	// has seen the row, its index entry exists and the extra round trip is
 	// skipped (the hot path).
 	if req.AutoAdmit && !s.known.has(req.RunID) {
-		if err := s.index(ctx, "guard", req.RunID, true); err != nil {
+		if err := s.index(ctx, "guard", req.RunID, indexCreate); err != nil {
 			return state.GuardResult{}, err
 		}
 	}
@@ -427,16 +440,32 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if !req.NotBefore.IsZero() {
 		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
 	}
+	notAfter := ""
+	if !req.NotAfter.IsZero() {
+		notAfter = strconv.FormatInt(req.NotAfter.UnixMilli(), 10)
+	}
 	r, err := s.call(ctx, "guard", req.RunID, guardScript,
 		req.Actor, req.ObservedVersion, req.Key, flag(req.ExplicitKey), string(req.Boundary),
 		req.Method, req.Target, req.BodyDigest, flag(req.AutoAdmit), flag(req.AllowCancelling),
-		notBefore, req.LeaseOwner, ms(req.LeaseTTL), req.Refuse)
+		notBefore, req.LeaseOwner, ms(req.LeaseTTL), notAfter, req.Refuse)
 	if err != nil {
 		return state.GuardResult{}, err
+	}
+	if r.Late {
+		return state.GuardResult{}, fmt.Errorf("redis guard run %s on %s: %w: Redis ran the guard after its deadline %s (by the server's clock); nothing was recorded",
+			req.RunID, s.addr, state.ErrUnavailable, req.NotAfter.UTC().Format(time.RFC3339Nano))
 	}
 	res := state.GuardResult{Admitted: r.Admitted, Refusal: r.Refusal, Run: state.Run{ID: req.RunID}}
 	if r.Run != nil {
 		res.Run = runOf(req.RunID, r.Run)
+	}
+	if !res.Admitted && res.Run.Final() && !res.Run.PrunedAt.IsZero() {
+		// A refusal recorded against a pruned run: retention must find
+		// the run again. The record is written already; if this step
+		// fails it stays until the next refusal puts the entry back.
+		if err := s.index(ctx, "guard", req.RunID, indexEnd); err != nil {
+			s.log.Warn("a refusal of a pruned run is not in the retention index", "run_id", req.RunID, "err", err)
+		}
 	}
 	if r.Intent != nil {
 		res.Intent = r.Intent.intent(req.RunID)
@@ -452,7 +481,7 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	r, err := s.call(ctx, "finish", req.RunID, finishScript,
-		req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason)
+		req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason, req.Source)
 	if err != nil {
 		return state.Intent{}, err
 	}
@@ -463,6 +492,23 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 		return state.Intent{}, conflictOf(req.RunID, r)
 	}
 	return r.Intent.intent(req.RunID), nil
+}
+
+// Note appends one event about an intent and changes nothing else.
+func (s *Store) Note(ctx context.Context, req state.NoteRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	r, err := s.call(ctx, "note", req.RunID, noteScript, req.Actor, req.Key, req.Kind, req.Reason)
+	if err != nil {
+		return err
+	}
+	if r.NotFound != "" {
+		return notFound(req.RunID, r, req.Key)
+	}
+	return nil
 }
 
 // Resolve reconciles an UNKNOWN intent, then finalizes the run.

@@ -84,9 +84,9 @@ func TestCancelSurvivesKill9OfRedis(t *testing.T) {
 	if refused.Admitted || refused.Refusal != state.RefusalRunNotActive {
 		t.Fatalf("guard after the restart: %+v", refused)
 	}
-	live := must(s2.LiveRuns(ctx))(t)
-	if !slices.Contains(live, "run_42") {
-		t.Fatalf("the cancelling run fell out of the live set: %v", live)
+	draining := must(s2.DrainingRuns(ctx))(t)
+	if !slices.Contains(draining, "run_42") {
+		t.Fatalf("the cancelling run fell out of the draining set: %v", draining)
 	}
 }
 
@@ -159,7 +159,15 @@ func TestStoreDownIsUnavailable(t *testing.T) {
 		}},
 		{"get", func() error { _, err := s.Get(ctx, "r"); return err }},
 		{"list", func() error { _, err := s.List(ctx, ""); return err }},
-		{"live runs", func() error { _, err := s.LiveRuns(ctx); return err }},
+		{"draining runs", func() error { _, err := s.DrainingRuns(ctx); return err }},
+		{"active runs", func() error { _, err := s.ActiveRuns(ctx, "", 10); return err }},
+		{"note", func() error {
+			return s.Note(ctx, state.NoteRequest{RunID: "r", Key: "k", Kind: state.EventIntentCut, Actor: "p"})
+		}},
+		{"prune", func() error {
+			_, err := s.Prune(ctx, state.PruneRequest{FinalBefore: time.Now(), Limit: 10})
+			return err
+		}},
 		{"guard", func() error { _, err := s.Guard(ctx, guardReq("r", "k2")); return err }},
 		{"guard auto-admit", func() error {
 			req := guardReq("fresh", "k")
@@ -328,7 +336,7 @@ func TestKeysShareHashTag(t *testing.T) {
 	}
 	var ofRun int
 	for _, k := range keys {
-		if slices.Contains(redisstore.IndexKeys, k) {
+		if hashTag(k) == "index" {
 			continue
 		}
 		if hashTag(k) != run {
@@ -344,8 +352,10 @@ func TestKeysShareHashTag(t *testing.T) {
 			t.Errorf("script key %q is in slot %d, the run row in %d", k, got, want)
 		}
 	}
-	if slot(redisstore.IndexKeys[0]) != slot(redisstore.IndexKeys[1]) {
-		t.Errorf("index keys %v are in different slots", redisstore.IndexKeys)
+	for _, k := range redisstore.IndexKeys {
+		if slot(k) != slot(redisstore.IndexKeys[0]) {
+			t.Errorf("index keys %v are in different slots", redisstore.IndexKeys)
+		}
 	}
 }
 
@@ -387,8 +397,8 @@ func TestSlotMatchesRedis(t *testing.T) {
 
 // Index entries are written before rows: an entry whose row never came (the
 // process died in between) is skipped by readers, kept while young (its row
-// may be on the way) and pruned once old.
-func TestIndexSkipsAndPrunesRowlessEntries(t *testing.T) {
+// may be on the way) and dropped once old.
+func TestIndexSkipsAndDropsRowlessEntries(t *testing.T) {
 	srv := redisserver.Start(t, redisserver.Options{})
 	s := open(t, srv.URL(), redisstore.Options{})
 	admin := raw(t, srv.Addr())
@@ -400,32 +410,84 @@ func TestIndexSkipsAndPrunesRowlessEntries(t *testing.T) {
 	for _, k := range redisstore.IndexKeys {
 		must(admin.ZAdd(ctx, k, redis.Z{Score: float64(now), Member: "young"}, redis.Z{Score: old, Member: "orphan"}).Result())(t)
 	}
+	// The active set reads in id order: its scores are all zero.
+	must(admin.ZAdd(ctx, redisstore.IndexKeys[1], redis.Z{Score: 0, Member: "young"}, redis.Z{Score: 0, Member: "orphan"}).Result())(t)
 	rs := must(s.List(ctx, ""))(t)
 	if len(rs) != 1 || rs[0].ID != "real" {
 		t.Fatalf("list with rowless index entries: %+v", rs)
 	}
-	live := must(s.LiveRuns(ctx))(t)
-	if !slices.Equal(live, []string{"real"}) {
-		t.Fatalf("live runs with rowless index entries: %v", live)
+	if active := must(s.ActiveRuns(ctx, "", 10))(t); !slices.Equal(active, []string{"real"}) {
+		t.Fatalf("active runs with rowless index entries: %v", active)
+	}
+	if draining := must(s.DrainingRuns(ctx))(t); len(draining) != 0 {
+		t.Fatalf("draining runs with rowless index entries: %v", draining)
 	}
 	for _, k := range redisstore.IndexKeys {
 		members := must(admin.ZRange(ctx, k, 0, -1).Result())(t)
 		slices.Sort(members)
-		if !slices.Equal(members, []string{"real", "young"}) {
-			t.Fatalf("%s after pruning: %v, want the old orphan gone and the young entry kept", k, members)
+		want := []string{"young"}
+		if k == redisstore.IndexKeys[0] || k == redisstore.IndexKeys[1] {
+			want = []string{"real", "young"}
+		}
+		if !slices.Equal(members, want) {
+			t.Fatalf("%s after dropping: %v, want %v (the old orphan gone, the young entry kept)", k, members, want)
 		}
 	}
 
-	// A final run leaves the live set; the all-runs index keeps it.
+	// A run that leaves ACTIVE leaves the active set as it is read; a
+	// final one leaves the draining set; the all-runs index keeps both.
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "stopped", Actor: "test"}))(t)
+	must(s.Cancel(ctx, state.CancelRequest{RunID: "stopped", Actor: "op"}))(t)
 	must(s.Complete(ctx, state.CompleteRequest{RunID: "real", Version: 1, Actor: "w"}))(t)
-	if live := must(s.LiveRuns(ctx))(t); len(live) != 0 {
-		t.Fatalf("live runs after completion: %v", live)
+	if active := must(s.ActiveRuns(ctx, "", 10))(t); len(active) != 0 {
+		t.Fatalf("active runs after completion and cancel: %v", active)
 	}
-	if err := admin.ZScore(ctx, redisstore.IndexKeys[1], "real").Err(); !errors.Is(err, redis.Nil) {
-		t.Fatalf("completed run still in the live set (%v)", err)
+	must(s.Tick(ctx, state.TickRequest{RunID: "stopped", Actor: "sweeper"}))(t)
+	if draining := must(s.DrainingRuns(ctx))(t); len(draining) != 0 {
+		t.Fatalf("draining runs after the drain: %v", draining)
 	}
-	if err := admin.ZScore(ctx, redisstore.IndexKeys[0], "real").Err(); err != nil {
-		t.Fatalf("completed run left the all-runs index: %v", err)
+	for _, id := range []string{"real", "stopped"} {
+		for i, k := range redisstore.IndexKeys[1:3] {
+			if err := admin.ZScore(ctx, k, id).Err(); !errors.Is(err, redis.Nil) {
+				t.Fatalf("final run %s still in index %d (%v)", id, i+1, err)
+			}
+		}
+		if err := admin.ZScore(ctx, redisstore.IndexKeys[0], id).Err(); err != nil {
+			t.Fatalf("final run %s left the all-runs index: %v", id, err)
+		}
+	}
+}
+
+// A store written by the layout before this one kept one live set. Open
+// folds it in: its runs are found again as active or draining, and every
+// run ever indexed is a candidate for retention.
+func TestOpenFoldsTheOldLiveSetIn(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+	s := open(t, srv.URL(), redisstore.Options{})
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "a", Actor: "t"}))(t)
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "c", Actor: "t"}))(t)
+	must(s.Cancel(ctx, state.CancelRequest{RunID: "c", Actor: "op", DrainTimeout: time.Minute}))(t)
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "f", Actor: "t"}))(t)
+	must(s.Complete(ctx, state.CompleteRequest{RunID: "f", Version: 1, Actor: "w"}))(t)
+	// Back to the old layout: only the all-runs index and the live set.
+	now := float64(time.Now().UnixMilli())
+	must(admin.Del(ctx, append(redisstore.IndexKeys[1:], "sg:{index}:layout")...).Result())(t)
+	must(admin.ZAdd(ctx, redisstore.LegacyLiveKey, redis.Z{Score: now, Member: "a"}, redis.Z{Score: now, Member: "c"}).Result())(t)
+
+	s2 := open(t, srv.URL(), redisstore.Options{})
+	if active := must(s2.ActiveRuns(ctx, "", 10))(t); !slices.Equal(active, []string{"a"}) {
+		t.Fatalf("active runs after the fold: %v", active)
+	}
+	if draining := must(s2.DrainingRuns(ctx))(t); !slices.Equal(draining, []string{"c"}) {
+		t.Fatalf("draining runs after the fold: %v", draining)
+	}
+	if n := must(admin.Exists(ctx, redisstore.LegacyLiveKey).Result())(t); n != 0 {
+		t.Fatal("the old live set is still there after the fold")
+	}
+	if n := must(s2.Prune(ctx, state.PruneRequest{FinalBefore: time.Now().Add(time.Second), Limit: 10}))(t); n != 1 {
+		t.Fatalf("prune after the fold pruned %d runs, want the completed one", n)
 	}
 }
 

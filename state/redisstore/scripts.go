@@ -29,10 +29,16 @@ var (
 	tickLua string
 	//go:embed lua/renew.lua
 	renewLua string
-	//go:embed lua/index.lua
-	indexLua string
+	//go:embed lua/note.lua
+	noteLua string
 	//go:embed lua/prune.lua
 	pruneLua string
+	//go:embed lua/index.lua
+	indexLua string
+	//go:embed lua/unindex.lua
+	unindexLua string
+	//go:embed lua/layout.lua
+	layoutLua string
 )
 
 // The scripts as Redis runs them: EVALSHA first, the full source on NOSCRIPT
@@ -46,9 +52,12 @@ var (
 	resolveScript  = runScript(resolveLua)
 	tickScript     = runScript(tickLua)
 	renewScript    = runScript(renewLua)
-	// The index scripts touch the cross-run index, not a run: no prelude.
-	indexScript = redis.NewScript(indexLua)
-	pruneScript = redis.NewScript(pruneLua)
+	noteScript     = runScript(noteLua)
+	pruneScript    = runScript(pruneLua)
+	// The index scripts touch the cross-run indexes, not a run: no prelude.
+	indexScript   = redis.NewScript(indexLua)
+	unindexScript = redis.NewScript(unindexLua)
+	layoutScript  = redis.NewScript(layoutLua)
 )
 
 func runScript(body string) *redis.Script {

@@ -51,6 +51,13 @@ func Run(t *testing.T, open Open) {
 		{"EveryTransitionIsAudited", testAudit},
 		{"CancelsAreBroadcast", testCancelsBroadcast},
 		{"GuardRacingCancelNeverAdmitsAfterIt", testRace},
+		{"GuardPastItsDeadlineRecordsNothing", testGuardFenced},
+		{"FinishNotAppliedSettlesACutRequest", testFinishNotApplied},
+		{"NoteAppendsAnEventAndChangesNothing", testNote},
+		{"DrainingRunsAreCancellingAndUnknown", testDrainingRuns},
+		{"ActiveRunsArePagedInIDOrder", testActiveRuns},
+		{"PruneKeepsTheTombstoneAndDropsTheRecord", testPrune},
+		{"PruneTakesRecordsWrittenAfterAPrune", testPruneAgain},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -314,13 +321,19 @@ func testList(t *testing.T, s state.Store) {
 			t.Errorf("list %q = %v, want %v", tc.status, got, tc.want)
 		}
 	}
-	live, err := s.LiveRuns(ctx(t))
+	draining, err := s.DrainingRuns(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(live)
-	if !slices.Equal(live, []string{"a", "b", "c"}) {
-		t.Fatalf("live runs %v, want [a b c]", live)
+	if !slices.Equal(draining, []string{"b"}) {
+		t.Fatalf("draining runs %v, want [b]", draining)
+	}
+	active, err := s.ActiveRuns(ctx(t), "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(active, []string{"a", "c"}) {
+		t.Fatalf("active runs %v, want [a c]", active)
 	}
 }
 
@@ -625,12 +638,12 @@ func testDrained(t *testing.T, s state.Store) {
 	if r.Reason != "stop pressed" {
 		t.Fatalf("the cancel's reason was replaced: %q", r.Reason)
 	}
-	live, err := s.LiveRuns(ctx(t))
+	draining, err := s.DrainingRuns(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slices.Contains(live, "dr") {
-		t.Fatalf("cancelled run still live: %v", live)
+	if slices.Contains(draining, "dr") {
+		t.Fatalf("cancelled run still draining: %v", draining)
 	}
 }
 
@@ -909,4 +922,370 @@ func testGuardRefuse(t *testing.T, s state.Store) {
 	if res.Admitted || res.Refusal != "destination_denied" || res.Run.Status != state.StatusActive {
 		t.Fatalf("edge refusal of an unseen run: %+v", res)
 	}
+}
+
+// testGuardFenced: a guard whose caller's deadline (NotAfter) has passed by
+// the store's clock is refused as the store being unavailable, and leaves
+// no intent, no lease, no event and no row behind; the same key is then
+// admitted by a guard in time.
+func testGuardFenced(t *testing.T, s state.Store) {
+	admit(t, s, "fence")
+	late := state.GuardRequest{RunID: "fence", ObservedVersion: 1, Key: "pay-1", ExplicitKey: true, Boundary: state.BoundaryHTTP,
+		Method: "POST", Target: "https://api.example/pay", LeaseTTL: lease, LeaseOwner: "p", Actor: "p",
+		NotAfter: time.Now().Add(-time.Second)}
+	res, err := s.Guard(ctx(t), late)
+	if !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("guard past its deadline: got %+v, %v; want an error wrapping ErrUnavailable", res, err)
+	}
+	if _, err := s.Intent(ctx(t), "fence", "pay-1"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("a late guard left an intent (%v)", err)
+	}
+	wantCounts(t, get(t, s, "fence"), map[state.IntentState]int{})
+	evs, err := s.Events(ctx(t), "fence")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Kind != state.EventRunAdmitted {
+		t.Fatalf("a late guard left events: %+v", evs)
+	}
+	derived := late
+	derived.ExplicitKey, derived.Key = false, "base"
+	if _, err := s.Guard(ctx(t), derived); !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("derived guard past its deadline: %v, want ErrUnavailable", err)
+	}
+	auto := late
+	auto.RunID, auto.AutoAdmit = "fence-new", true
+	if _, err := s.Guard(ctx(t), auto); !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("auto-admitting guard past its deadline: %v, want ErrUnavailable", err)
+	}
+	if _, err := s.Get(ctx(t), "fence-new"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("a late auto-admitting guard created the run (%v)", err)
+	}
+
+	inTime := late
+	inTime.NotAfter = time.Now().Add(time.Minute)
+	ok := guard(t, s, inTime)
+	if !ok.Admitted || ok.Intent.Key != "pay-1" || ok.Intent.Attempts != 1 {
+		t.Fatalf("the same key guarded in time: %+v", ok)
+	}
+	// The derived base was never used: the first dispatch in time is base.
+	derived.NotAfter = inTime.NotAfter
+	if d := guard(t, s, derived); !d.Admitted || d.Intent.Key != "base" {
+		t.Fatalf("derived guard in time after a late one: %+v", d)
+	}
+}
+
+// testFinishNotApplied: a carrier that cut a request which provably had
+// no effect (a safe method, or a destination the policy declares without
+// effects) records NOT_APPLIED with its source, and that settles the
+// intent: a cancelled run with nothing else open reaches CANCELLED.
+func testFinishNotApplied(t *testing.T, s state.Store) {
+	admit(t, s, "na")
+	get1 := guard(t, s, state.GuardRequest{RunID: "na", Key: "read", ExplicitKey: true, Method: "GET", Target: "https://api.example/items"})
+	infer := guard(t, s, state.GuardRequest{RunID: "na", Key: "infer", ExplicitKey: true, Method: "POST", Target: "https://llm.example/v1/chat"})
+	cancel(t, s, "na", time.Minute)
+
+	for _, tc := range []struct {
+		outcome state.IntentState
+		source  string
+	}{
+		{state.IntentNotApplied, ""},
+		{state.IntentNotApplied, "operator"},
+		{state.IntentResponded, state.SourceSafeMethod},
+	} {
+		_, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na", Key: "read", Attempt: 1, Outcome: tc.outcome, Source: tc.source, Actor: "p"})
+		if !errors.Is(err, state.ErrInvalid) {
+			t.Errorf("finish %s with source %q: got %v, want ErrInvalid", tc.outcome, tc.source, err)
+		}
+	}
+
+	out, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na", Key: "read", Attempt: get1.Intent.Attempts, Outcome: state.IntentNotApplied,
+		Source: state.SourceSafeMethod, Reason: "run_cancelled", Actor: "proxy:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.State != state.IntentNotApplied || out.Source != state.SourceSafeMethod || out.Reason != "run_cancelled" || out.LeaseOwner != "" {
+		t.Fatalf("cut safe-method request recorded as %+v", out)
+	}
+	wantRun(t, get(t, s, "na"), state.StatusCancelling, 2)
+	finish(t, s, infer.Intent, state.IntentUnknown, 0)
+	// NOT_APPLIED is for what is IN_FLIGHT: an UNKNOWN is reconciled.
+	_, err = s.Finish(ctx(t), state.FinishRequest{RunID: "na", Key: "infer", Attempt: 1, Outcome: state.IntentNotApplied, Source: state.SourcePolicy, Actor: "p"})
+	wantConflict(t, err, state.ConflictNotInFlight)
+
+	admit(t, s, "na2")
+	p := guard(t, s, state.GuardRequest{RunID: "na2", Key: "infer", ExplicitKey: true, Method: "POST", Target: "https://llm.example/v1/chat"})
+	cancel(t, s, "na2", time.Minute)
+	if _, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na2", Key: "infer", Attempt: p.Intent.Attempts, Outcome: state.IntentNotApplied,
+		Source: state.SourcePolicy, Reason: "run_cancelled", Actor: "proxy:test"}); err != nil {
+		t.Fatal(err)
+	}
+	// Settled by the Finish itself, no tick needed.
+	r := get(t, s, "na2")
+	wantRun(t, r, state.StatusCancelled, 2)
+	wantCounts(t, r, map[state.IntentState]int{state.IntentNotApplied: 1})
+	evs, err := s.Events(ctx(t), "na2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcome *state.Event
+	for i := range evs {
+		if evs[i].Kind == state.EventIntentOutcome {
+			outcome = &evs[i]
+		}
+	}
+	if outcome == nil || outcome.To != string(state.IntentNotApplied) || outcome.Reason != "policy: run_cancelled" {
+		t.Fatalf("outcome event %+v, want IN_FLIGHT -> NOT_APPLIED for \"policy: run_cancelled\"", outcome)
+	}
+	// A replay of the key is a new attempt with no source of its own.
+	admit(t, s, "na3")
+	first := guard(t, s, state.GuardRequest{RunID: "na3", Key: "read", ExplicitKey: true, Method: "GET"})
+	if _, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na3", Key: "read", Attempt: first.Intent.Attempts, Outcome: state.IntentNotApplied,
+		Source: state.SourceSafeMethod, Actor: "proxy:test"}); err != nil {
+		t.Fatal(err)
+	}
+	again := guard(t, s, state.GuardRequest{RunID: "na3", Key: "read", ExplicitKey: true, Method: "GET"})
+	if !again.Admitted || again.Intent.Source != "" || again.Intent.Attempts != 2 {
+		t.Fatalf("replay of a NOT_APPLIED key: %+v", again)
+	}
+}
+
+// testNote: a note about an intent is one more line of the audit log,
+// and nothing else moves: not the intent, not the row.
+func testNote(t *testing.T, s state.Store) {
+	admit(t, s, "nt")
+	g := guard(t, s, state.GuardRequest{RunID: "nt", Key: "stream", ExplicitKey: true, Method: "GET", Target: "https://api.example/events"})
+	finished := finish(t, s, g.Intent, state.IntentResponded, 200)
+	row := get(t, s, "nt")
+	before, err := s.Events(ctx(t), "nt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Note(ctx(t), state.NoteRequest{RunID: "nt", Key: "stream", Kind: state.EventIntentCut, Reason: "run_cancelled", Actor: "proxy:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.Events(ctx(t), "nt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before)+1 {
+		t.Fatalf("%d events after a note, want %d", len(after), len(before)+1)
+	}
+	n := after[len(after)-1]
+	if n.Kind != state.EventIntentCut || n.Intent != "stream" || n.Reason != "run_cancelled" || n.Actor != "proxy:test" || n.At.IsZero() || n.Version != 1 || n.From != "" || n.To != "" {
+		t.Fatalf("note event %+v", n)
+	}
+	if in := intent(t, s, "nt", "stream"); in.State != finished.State || in.StatusCode != 200 || !in.UpdatedAt.Equal(finished.UpdatedAt) {
+		t.Fatalf("a note changed the intent: %+v, was %+v", in, finished)
+	}
+	if r := get(t, s, "nt"); r.Status != row.Status || r.CancelVersion != row.CancelVersion || !r.UpdatedAt.Equal(row.UpdatedAt) || fmt.Sprint(r.Intents) != fmt.Sprint(row.Intents) {
+		t.Fatalf("a note changed the row: %+v, was %+v", r, row)
+	}
+
+	for _, tc := range []struct {
+		req  state.NoteRequest
+		want error
+	}{
+		{state.NoteRequest{RunID: "nobody", Key: "stream", Kind: state.EventIntentCut, Actor: "p"}, state.ErrNotFound},
+		{state.NoteRequest{RunID: "nt", Key: "nothing", Kind: state.EventIntentCut, Actor: "p"}, state.ErrNotFound},
+		{state.NoteRequest{RunID: "nt", Key: "stream", Kind: "", Actor: "p"}, state.ErrInvalid},
+		{state.NoteRequest{RunID: "nt", Key: "stream", Kind: "Intent Cut!", Actor: "p"}, state.ErrInvalid},
+		{state.NoteRequest{RunID: "nt", Key: "stream", Kind: state.EventRunCancelled, Actor: "p"}, state.ErrInvalid},
+		{state.NoteRequest{RunID: "nt", Key: "stream", Kind: state.EventIntentResolved, Actor: "p"}, state.ErrInvalid},
+	} {
+		if err := s.Note(ctx(t), tc.req); !errors.Is(err, tc.want) {
+			t.Errorf("note %+v: got %v, want %v", tc.req, err, tc.want)
+		}
+	}
+	if evs, _ := s.Events(ctx(t), "nt"); len(evs) != len(after) {
+		t.Fatalf("refused notes were recorded: %d events, want %d", len(evs), len(after))
+	}
+}
+
+// testDrainingRuns: CANCELLING and UNKNOWN runs, in id order; not ACTIVE,
+// not final.
+func testDrainingRuns(t *testing.T, s state.Store) {
+	for _, id := range []string{"z-cancelling", "a-unknown", "m-active", "c-completed", "d-drained"} {
+		admit(t, s, id)
+	}
+	guard(t, s, state.GuardRequest{RunID: "z-cancelling", Key: "k", ExplicitKey: true})
+	cancel(t, s, "z-cancelling", time.Minute)
+	u := guard(t, s, state.GuardRequest{RunID: "a-unknown", Key: "k", ExplicitKey: true})
+	finish(t, s, u.Intent, state.IntentUnknown, 0)
+	cancel(t, s, "a-unknown", time.Minute)
+	wantRun(t, tick(t, s, "a-unknown"), state.StatusUnknown, 2)
+	if _, err := s.Complete(ctx(t), state.CompleteRequest{RunID: "c-completed", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	cancel(t, s, "d-drained", time.Minute)
+	tick(t, s, "d-drained")
+	cancel(t, s, "tombstone", time.Minute)
+	got, err := s.DrainingRuns(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []string{"a-unknown", "z-cancelling"}) {
+		t.Fatalf("draining runs %v, want [a-unknown z-cancelling]", got)
+	}
+}
+
+// testActiveRuns: ACTIVE runs a page at a time, in id order, each page
+// after the last id of the one before; a short page is the end.
+func testActiveRuns(t *testing.T, s state.Store) {
+	for _, id := range []string{"r5", "r1", "r3", "r2", "r4", "r6"} {
+		admit(t, s, id)
+	}
+	cancel(t, s, "r3", time.Minute)
+	if _, err := s.Complete(ctx(t), state.CompleteRequest{RunID: "r6", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	guard(t, s, state.GuardRequest{RunID: "r0", Key: "k", ExplicitKey: true, AutoAdmit: true})
+	var pages [][]string
+	after := ""
+	for range 10 {
+		page, err := s.ActiveRuns(ctx(t), after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, page)
+		if len(page) < 2 {
+			break
+		}
+		after = page[len(page)-1]
+	}
+	if fmt.Sprint(pages) != "[[r0 r1] [r2 r4] [r5]]" {
+		t.Fatalf("pages of active runs %v, want [[r0 r1] [r2 r4] [r5]]", pages)
+	}
+	if page, err := s.ActiveRuns(ctx(t), "r2a", 10); err != nil || !slices.Equal(page, []string{"r4", "r5"}) {
+		t.Fatalf("active runs after a cursor that is no run: %v %v, want [r4 r5]", page, err)
+	}
+	for _, bad := range []int{0, -1, state.MaxPage + 1} {
+		if _, err := s.ActiveRuns(ctx(t), "", bad); !errors.Is(err, state.ErrInvalid) {
+			t.Errorf("active runs with limit %d: got %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// finalRun leaves run id CANCELLED with one RESPONDED intent and a
+// refusal, and returns when it became final.
+func finalRun(t *testing.T, s state.Store, id string) time.Time {
+	t.Helper()
+	admit(t, s, id)
+	g := guard(t, s, state.GuardRequest{RunID: id, Key: "k", ExplicitKey: true})
+	finish(t, s, g.Intent, state.IntentResponded, 200)
+	cancel(t, s, id, time.Minute)
+	r := tick(t, s, id)
+	wantRun(t, r, state.StatusCancelled, 2)
+	guard(t, s, state.GuardRequest{RunID: id, Key: "late", ExplicitKey: true})
+	return r.UpdatedAt
+}
+
+// testPrune: retention removes the intents and events of runs that
+// became final before the limit, and nothing else; the row stays, so the
+// run can never come back.
+func testPrune(t *testing.T, s state.Store) {
+	finalRun(t, s, "old-1")
+	finalRun(t, s, "old-2")
+	admit(t, s, "done")
+	if _, err := s.Complete(ctx(t), state.CompleteRequest{RunID: "done", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	admit(t, s, "draining")
+	guard(t, s, state.GuardRequest{RunID: "draining", Key: "k", ExplicitKey: true})
+	cancel(t, s, "draining", time.Minute)
+	admit(t, s, "active")
+	guard(t, s, state.GuardRequest{RunID: "active", Key: "k", ExplicitKey: true})
+
+	for _, bad := range []state.PruneRequest{{Limit: 10}, {FinalBefore: time.Now(), Limit: 0}, {FinalBefore: time.Now(), Limit: state.MaxPruneLimit + 1}} {
+		if _, err := s.Prune(ctx(t), bad); !errors.Is(err, state.ErrInvalid) {
+			t.Errorf("prune %+v: got %v, want ErrInvalid", bad, err)
+		}
+	}
+	// Nothing became final before an hour ago.
+	if n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: time.Now().Add(-time.Hour), Limit: 10}); err != nil || n != 0 {
+		t.Fatalf("prune before any run was final: %d %v, want 0", n, err)
+	}
+	// Runs on the same millisecond as the limit are not before it.
+	time.Sleep(5 * time.Millisecond)
+	limit := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: limit, Limit: 2})
+	if err != nil || n != 2 {
+		t.Fatalf("prune with limit 2: %d %v, want 2", n, err)
+	}
+	n, err = s.Prune(ctx(t), state.PruneRequest{FinalBefore: limit, Limit: 10})
+	if err != nil || n != 1 {
+		t.Fatalf("prune of the rest: %d %v, want 1", n, err)
+	}
+	if n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: limit, Limit: 10}); err != nil || n != 0 {
+		t.Fatalf("prune with nothing left: %d %v, want 0", n, err)
+	}
+
+	for _, id := range []string{"old-1", "old-2", "done"} {
+		r := get(t, s, id)
+		if !r.Final() || r.PrunedAt.IsZero() {
+			t.Fatalf("pruned run %s: %+v, want its final row with pruned_at", id, r)
+		}
+		ins, err := s.Intents(ctx(t), id)
+		if err != nil || len(ins) != 0 {
+			t.Fatalf("intents of pruned run %s: %+v %v, want none", id, ins, err)
+		}
+		evs, err := s.Events(ctx(t), id)
+		if err != nil || len(evs) != 0 {
+			t.Fatalf("events of pruned run %s: %+v %v, want none", id, evs, err)
+		}
+		if _, err := s.Intent(ctx(t), id, "k"); !errors.Is(err, state.ErrNotFound) {
+			t.Fatalf("intent k of pruned run %s: %v, want ErrNotFound", id, err)
+		}
+		_, err = s.Admit(ctx(t), state.AdmitRequest{RunID: id, Actor: "test"})
+		wantConflict(t, err, state.RefusalRunNotActive)
+	}
+	r := get(t, s, "old-1")
+	wantRun(t, r, state.StatusCancelled, 2)
+	wantCounts(t, r, map[state.IntentState]int{state.IntentResponded: 1, state.IntentCancelledBeforeDispatch: 1})
+	if res := guard(t, s, state.GuardRequest{RunID: "old-1", Key: "k", ExplicitKey: true, AutoAdmit: true}); res.Admitted || res.Refusal != state.RefusalRunNotActive {
+		t.Fatalf("guard of a pruned cancelled run: %+v", res)
+	}
+	for _, id := range []string{"draining", "active"} {
+		if ins, err := s.Intents(ctx(t), id); err != nil || len(ins) != 1 {
+			t.Fatalf("prune touched run %s that is not final: %+v %v", id, ins, err)
+		}
+		if r := get(t, s, id); !r.PrunedAt.IsZero() {
+			t.Fatalf("run %s that is not final is marked pruned: %+v", id, r)
+		}
+	}
+}
+
+// testPruneAgain: what is recorded against a final run after its prune
+// (an agent still trying) is kept for a retention from then, and then
+// pruned in its turn.
+func testPruneAgain(t *testing.T, s state.Store) {
+	finalRun(t, s, "again")
+	time.Sleep(5 * time.Millisecond)
+	if n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: time.Now(), Limit: 10}); err != nil || n != 1 {
+		t.Fatalf("first prune: %d %v, want 1", n, err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	between := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	res := guard(t, s, state.GuardRequest{RunID: "again", Key: "after-prune", ExplicitKey: true})
+	if res.Admitted || res.Intent.State != state.IntentCancelledBeforeDispatch {
+		t.Fatalf("guard after the prune: %+v", res)
+	}
+	// Not yet a retention since the refusal.
+	if n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: between, Limit: 10}); err != nil || n != 0 {
+		t.Fatalf("prune before the refusal's time: %d %v, want 0", n, err)
+	}
+	if ins, _ := s.Intents(ctx(t), "again"); len(ins) != 1 || ins[0].Key != "after-prune" {
+		t.Fatalf("the refusal after the prune is not kept: %+v", ins)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: time.Now(), Limit: 10}); err != nil || n != 1 {
+		t.Fatalf("prune after the refusal's retention: %d %v, want 1", n, err)
+	}
+	if ins, _ := s.Intents(ctx(t), "again"); len(ins) != 0 {
+		t.Fatalf("the refusal after the prune was never pruned: %+v", ins)
+	}
+	wantRun(t, get(t, s, "again"), state.StatusCancelled, 2)
 }

@@ -1,14 +1,22 @@
 -- guard: ARGV actor, observed version, key, explicit (1/0), boundary,
 -- method, target, body digest, auto-admit (1/0), allow cancelling (1/0),
--- not_before ms ('' to dispatch now), lease owner, lease ttl ms, refuse
--- (a reason the edge already refused the effect for, '' for none).
+-- not_before ms ('' to dispatch now), lease owner, lease ttl ms,
+-- not_after ms ('' for no fence), refuse (a reason the edge already refused
+-- the effect for, '' for none).
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
 local actor, observed_s, base, explicit = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local boundary, method, target, digest = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local auto, allow_cancelling, not_before = ARGV[9] == '1', ARGV[10] == '1', ARGV[11]
-local owner, ttl, refuse = ARGV[12], tonumber(ARGV[13]), ARGV[14]
+local owner, ttl, not_after, refuse = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15]
+
+-- The fence comes before anything is read or written: a guard that Redis
+-- runs after its caller gave up (queued behind a paused server, say) must
+-- leave no trace. The server's clock decides, not the caller's.
+if not_after and server_ms() > not_after then
+  return cjson.encode({late = true})
+end
 local observed = tonumber(observed_s)
 
 local run = load_run()
@@ -111,7 +119,7 @@ end
 it.observed_version = observed_s
 it.attempts = (it.attempts or 0) + 1
 it.status_code = nil
-it.reason = nil
+it.reason, it.source, it.note = nil, nil, nil
 it.updated_at = now
 if not_before ~= '' then
   it.state = 'SCHEDULED'

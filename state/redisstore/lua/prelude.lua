@@ -47,11 +47,16 @@ local function save_run(run)
   redis.call('HSET', K_RUN, unpack(args))
 end
 
+-- The server's clock in ms.
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- Server time in ms, never earlier than the run's last step (field t), so the
 -- audit log of a run reads in order even if the server clock steps back.
 local function now_ms(run)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = server_ms()
   if run and run.t then
     local last = tonumber(run.t)
     if last and last > now then

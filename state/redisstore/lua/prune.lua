@@ -1,17 +1,16 @@
--- prune: KEYS all-runs zset, live-runs zset; ARGV grace ms, run id...
--- Drops index entries of ids the caller found without a row, but only those
--- added longer than the grace ago: a newer entry may belong to a row being
--- created right now, and the index script refreshes the score first.
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
-local dropped = 0
-for i = 2, #ARGV do
-  for _, k in ipairs(KEYS) do
-    local score = redis.call('ZSCORE', k, ARGV[i])
-    if score and tonumber(score) < cutoff then
-      redis.call('ZREM', k, ARGV[i])
-      dropped = dropped + 1
-    end
-  end
+-- prune: ARGV final before ms.
+-- Retention for one run: when the run is final and became final before
+-- the limit, its intents, counters, leases, retries and audit log leave
+-- the store; the row stays (so the run can never be admitted again), with
+-- its counts and the time of the prune. Returns 1 when it pruned.
+local before = tonumber(ARGV[1])
+local st = redis.call('HMGET', K_RUN, 'status', 'updated')
+if not (st[1] == 'CANCELLED' or st[1] == 'COMPLETED') then
+  return 0
 end
-return dropped
+if not st[2] or tonumber(st[2]) >= before then
+  return 0
+end
+redis.call('DEL', K_INTENTS, K_ORDER, K_SEQ, K_INFLIGHT, K_SCHED, K_EVENTS)
+redis.call('HSET', K_RUN, 'pruned', int(server_ms()))
+return 1

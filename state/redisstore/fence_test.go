@@ -1,0 +1,95 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
+)
+
+// A guard sent while redis-server is stopped (SIGSTOP) reaches the server
+// only when it resumes, long after the caller answered "store unavailable,
+// nothing sent". The fence (NotAfter, set by the ledger) makes that late
+// script refuse: no IN_FLIGHT record, no lease, no event, and the same
+// Idempotency-Key is admitted once the store is back.
+func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
+	const storeTimeout = 400 * time.Millisecond
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "run_7", Actor: "test"}))(t)
+	ledger := intents.NewLedger(s, intents.LedgerOptions{Owner: "proxy:1", StoreTimeout: storeTimeout, Logger: quiet(t)})
+	req := state.GuardRequest{RunID: "run_7", ObservedVersion: 1, Key: "pay-1", ExplicitKey: true, Boundary: state.BoundaryHTTP,
+		Method: "POST", Target: "https://api.example/pay", BodyDigest: "d"}
+
+	// One guard first, so the server knows the guard script: the one
+	// queued behind the pause must run, not fail with NOSCRIPT.
+	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_7", Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
+		t.Fatalf("warm-up guard: %+v %v", res, err)
+	}
+	before := evalshaCalls(t, admin)
+	srv.Pause()
+	_, err := ledger.Begin(ctx, req)
+	srv.Resume()
+	if !errors.Is(err, state.ErrUnavailable) {
+		t.Fatalf("guard with redis stopped: got %v, want ErrUnavailable", err)
+	}
+
+	// The guard's script did reach the server and ran once it resumed:
+	// wait until the server counts it, then look at what it left.
+	deadline := time.Now().Add(5 * time.Second)
+	for evalshaCalls(t, admin) <= before {
+		if time.Now().After(deadline) {
+			t.Fatal("the guard sent during the pause never ran after SIGCONT; the test proves nothing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if in, err := s.Intent(ctx, "run_7", "pay-1"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("the abandoned guard took effect after the resume: %+v (%v)", in, err)
+	}
+	evs := must(s.Events(ctx, "run_7"))(t)
+	for _, e := range evs {
+		if e.Intent == "pay-1" {
+			t.Fatalf("the abandoned guard left an event: %+v", e)
+		}
+	}
+	if n := must(admin.ZCard(ctx, redisstore.KeysOf("run_7")[4]).Result())(t); n != 1 {
+		t.Fatalf("%d leases after the abandoned guard, want the warm-up's alone", n)
+	}
+
+	res, err := ledger.Begin(ctx, req)
+	if err != nil || !res.Admitted || res.Intent.State != state.IntentInFlight || res.Intent.Attempts != 1 {
+		t.Fatalf("the same key once the store is back: %+v %v, want admitted (attempt 1)", res, err)
+	}
+}
+
+// evalshaCalls is how many EVALSHA and EVAL the server has run.
+func evalshaCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info := must(c.Info(context.Background(), "commandstats").Result())(t)
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd+"calls=")
+			if !ok {
+				continue
+			}
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			total += n
+		}
+	}
+	return total
+}
