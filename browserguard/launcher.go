@@ -188,7 +188,7 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 }
 
 func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.IntentState, reason string) {
-	if _, err := l.cfg.Ledger.Finish(ctx, in, outcome, 0, state.Clip(reason, state.MaxTextLen)); err != nil {
+	if _, err := l.cfg.Ledger.Finish(ctx, state.FinishRequest{RunID: in.RunID, Key: in.Key, Attempt: in.Attempts, Outcome: outcome, Reason: state.Clip(reason, state.MaxTextLen)}); err != nil {
 		l.log.Warn("launch outcome not recorded; its lease expires into UNKNOWN", "run", in.RunID, "intent", in.Key, "outcome", outcome, "err", err)
 	}
 }

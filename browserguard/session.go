@@ -244,7 +244,7 @@ func (s *session) abandon(reason string) {
 }
 
 func (s *session) finish(in state.Intent, outcome state.IntentState, reason string) {
-	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), in, outcome, 0, state.Clip(reason, state.MaxTextLen))
+	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), state.FinishRequest{RunID: in.RunID, Key: in.Key, Attempt: in.Attempts, Outcome: outcome, Reason: state.Clip(reason, state.MaxTextLen)})
 	if err == nil {
 		return
 	}

@@ -111,23 +111,34 @@ func (l *Ledger) Begin(ctx context.Context, req state.GuardRequest) (state.Guard
 }
 
 // Finish records the outcome of an intent this ledger carried and lets its
-// lease go. If the store cannot take it, the lease is still let go: it
-// expires into UNKNOWN, which is the honest record of an outcome nobody
-// could write down.
-func (l *Ledger) Finish(ctx context.Context, in state.Intent, outcome state.IntentState, statusCode int, reason string) (state.Intent, error) {
+// lease go; req names the intent (run, key, attempt) and the outcome, the
+// ledger is the actor. If the store cannot take it, the lease is still let
+// go: it expires into UNKNOWN, which is the honest record of an outcome
+// nobody could write down.
+func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
 	l.mu.Lock()
-	delete(l.held, state.IntentRef{RunID: in.RunID, Key: in.Key})
+	delete(l.held, state.IntentRef{RunID: req.RunID, Key: req.Key})
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
-	out, err := l.store.Finish(ctx, state.FinishRequest{
-		RunID: in.RunID, Key: in.Key, Attempt: in.Attempts, Outcome: outcome,
-		StatusCode: statusCode, Reason: reason, Actor: l.owner,
-	})
+	req.Actor = l.owner
+	out, err := l.store.Finish(ctx, req)
 	if err != nil {
-		return out, fmt.Errorf("record %s of intent %s/%s: %w", outcome, in.RunID, in.Key, unavailableOnDeadline(err))
+		return out, fmt.Errorf("record %s of intent %s/%s: %w", req.Outcome, req.RunID, req.Key, unavailableOnDeadline(err))
 	}
 	return out, nil
+}
+
+// Note adds one line about an intent this ledger carried to the run's
+// audit log (a cut answer, say), as this ledger.
+func (l *Ledger) Note(ctx context.Context, in state.Intent, kind, reason string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	err := l.store.Note(ctx, state.NoteRequest{RunID: in.RunID, Key: in.Key, Kind: kind, Reason: state.Clip(reason, state.MaxTextLen), Actor: l.owner})
+	if err != nil {
+		return fmt.Errorf("note %s on intent %s/%s: %w", kind, in.RunID, in.Key, unavailableOnDeadline(err))
+	}
+	return nil
 }
 
 // Held lists the intents this ledger carries now.

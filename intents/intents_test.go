@@ -71,7 +71,7 @@ func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
 	if in, _ := s.Intent(ctx, "r", "k"); in.State != state.IntentInFlight {
 		t.Fatalf("a renewed lease expired: %+v", in)
 	}
-	out, err := l.Finish(ctx, res.Intent, state.IntentResponded, 200, "")
+	out, err := l.Finish(ctx, state.FinishRequest{RunID: res.Intent.RunID, Key: res.Intent.Key, Attempt: res.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200})
 	if err != nil || out.State != state.IntentResponded || len(l.Held()) != 0 {
 		t.Fatalf("finish: %+v %v, held %v", out, err, l.Held())
 	}

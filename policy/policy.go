@@ -1,7 +1,8 @@
 // Package policy reads the operator's YAML policy file: which hosts are
 // tunnelled unseen, which destinations a CANCELLING run may still reach,
-// which webhook sources may reconcile UNKNOWN intents, and how to look an
-// intent up at its provider. It only parses and validates; it never acts.
+// which destinations' requests have effects outside, which webhook sources
+// may reconcile UNKNOWN intents, and how to look an intent up at its
+// provider. It only parses and validates; it never acts.
 package policy
 
 import (
@@ -14,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Policy is the parsed file. The zero Policy is valid: nothing passes
@@ -28,6 +29,38 @@ type Policy struct {
 	Webhooks map[string]Webhook `yaml:"webhooks"`
 	// Lookups ask providers what happened to an UNKNOWN intent.
 	Lookups []Lookup `yaml:"lookups"`
+	// Effects says, per destination (host, host:port or *.domain), which
+	// requests have an effect outside: EffectsNone, EffectsWrites (the
+	// default for any destination not listed) or EffectsAll.
+	Effects map[string]Effects `yaml:"effects"`
+}
+
+// Effects is what requests to a destination do outside stopgate.
+type Effects string
+
+const (
+	// EffectsNone: no request has an external effect (an LLM inference
+	// API): at a cancel, even a request in flight is cut at once, the
+	// spending stops, and what was cut is NOT_APPLIED (source policy).
+	EffectsNone Effects = "none"
+	// EffectsWrites: the default. Unsafe methods have effects and drain;
+	// a safe-method request (GET, HEAD, OPTIONS) cut at the cancel is
+	// NOT_APPLIED (source safe_method).
+	EffectsWrites Effects = "writes"
+	// EffectsAll: reads have effects too (a GET that triggers something):
+	// safe methods drain and a cut one is UNKNOWN like any other.
+	EffectsAll Effects = "all"
+)
+
+// HostsWith lists the destinations whose effects are e.
+func (p Policy) HostsWith(e Effects) []string {
+	var out []string
+	for host, v := range p.Effects {
+		if v == e {
+			out = append(out, host)
+		}
+	}
+	return out
 }
 
 // Webhook is one source's shared secret for HMAC-SHA256 signatures.
@@ -102,6 +135,16 @@ func (p *Policy) validate() error {
 			if h == "" || strings.ContainsAny(h, "/ ") {
 				return fmt.Errorf("%s: %q is not a host, host:port or *.domain", field, h)
 			}
+		}
+	}
+	for host, e := range p.Effects {
+		if host == "" || strings.ContainsAny(host, "/ ") {
+			return fmt.Errorf("effects: %q is not a host, host:port or *.domain", host)
+		}
+		switch e {
+		case EffectsNone, EffectsWrites, EffectsAll:
+		default:
+			return fmt.Errorf("effects.%s: %q: want none, writes or all", host, e)
 		}
 	}
 	for name, w := range p.Webhooks {

@@ -86,3 +86,21 @@ func TestShippedExamplePolicyIsValid(t *testing.T) {
 		t.Fatalf("the example should show every rule: %+v", p)
 	}
 }
+
+func TestEffectsPerDestination(t *testing.T) {
+	p, err := policy.Parse([]byte("effects:\n  api.openai.com: none\n  '*.bank.example': all\n  other.example: writes\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.HostsWith(policy.EffectsNone); len(got) != 1 || got[0] != "api.openai.com" {
+		t.Errorf("hosts without effects: %v", got)
+	}
+	if got := p.HostsWith(policy.EffectsAll); len(got) != 1 || got[0] != "*.bank.example" {
+		t.Errorf("hosts whose reads are effects: %v", got)
+	}
+	for _, bad := range []string{"effects:\n  api.example: some\n", "effects:\n  'a b': none\n", "effects:\n  '': none\n"} {
+		if _, err := policy.Parse([]byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}

@@ -31,13 +31,13 @@ func BenchmarkPOST(b *testing.B) {
 		}},
 		{"stopgate-redis", func(b *testing.B) *http.Client {
 			srv := redisserver.Start(b, redisserver.Options{})
-			e := newEnv(b, envOptions{store: newRedisStore(b, srv)})
+			e := newEnv(b, envOptions{store: newRedisStore(b, srv, 2*time.Second)})
 			e.admit("bench")
 			return e.client("bench", 1)
 		}},
 		{"stopgate-redis-aof-always", func(b *testing.B) *http.Client {
 			srv := redisserver.Start(b, redisserver.Options{AppendFsyncAlways: true})
-			e := newEnv(b, envOptions{store: newRedisStore(b, srv)})
+			e := newEnv(b, envOptions{store: newRedisStore(b, srv, 2*time.Second)})
 			e.admit("bench")
 			return e.client("bench", 1)
 		}},

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -393,4 +394,191 @@ func TestUnknownLengthAnswerIsPassedOnAsItComes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// held is an upstream that holds every request until the proxy cuts it,
+// and says when a request has arrived.
+func held(t *testing.T) (*testkit.Upstream, chan struct{}) {
+	t.Helper()
+	arrived := make(chan struct{}, 16)
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	})
+	return up, arrived
+}
+
+// TestCutRecordsWhatTheRequestCouldHaveDone: a request in flight at the
+// cancel that is cut after its bytes left is recorded for what it could
+// have done — a read as NOT_APPLIED (safe_method), anything sent to a
+// destination without effects as NOT_APPLIED (policy), a read where reads
+// are effects as UNKNOWN — so a run with nothing unknown reaches CANCELLED
+// by itself, with no operator.
+func TestCutRecordsWhatTheRequestCouldHaveDone(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		method      string
+		noEffects   bool
+		readEffects bool
+		want        state.IntentState
+		source      string
+		runStatus   state.Status
+	}{
+		{"a GET", "GET", false, false, state.IntentNotApplied, state.SourceSafeMethod, state.StatusCancelled},
+		{"a POST to a destination without effects", "POST", true, false, state.IntentNotApplied, state.SourcePolicy, state.StatusCancelled},
+		{"a GET where reads are effects", "GET", false, true, state.IntentUnknown, "", state.StatusUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up, arrived := held(t)
+			host := up.Listener.Addr().String()
+			opts := envOptions{}
+			if tc.noEffects {
+				opts.noEffects = []string{host}
+			}
+			if tc.readEffects {
+				opts.readEffects = []string{host}
+			}
+			e := newEnv(t, opts)
+			e.admit("cut")
+			done := make(chan *http.Response, 1)
+			go func() {
+				req, _ := http.NewRequest(tc.method, up.URL+"/held", strings.NewReader(""))
+				resp, err := e.client("cut", 1).Do(req)
+				if err != nil {
+					done <- nil
+					return
+				}
+				done <- resp
+			}()
+			<-arrived
+			// A short drain: the request where reads are effects waits for
+			// it, then the deadline cuts it.
+			e.cancel("cut", 300*time.Millisecond)
+			var resp *http.Response
+			select {
+			case resp = <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request in flight was not cut")
+			}
+			if resp == nil || resp.StatusCode != http.StatusConflict {
+				t.Fatalf("the cut request answered %v, want 409 run_not_active", resp)
+			}
+			key := resp.Header.Get(refusal.IntentHeader)
+			resp.Body.Close()
+			in := e.intent("cut", key)
+			if in.State != tc.want || in.Source != tc.source {
+				t.Fatalf("the cut request is recorded %s (source %q), want %s (%q): %+v", in.State, in.Source, tc.want, tc.source, in)
+			}
+			var row state.Run
+			testkit.Eventually(t, 5*time.Second, "the run settles by itself", func() bool {
+				r, err := e.store.Tick(context.Background(), state.TickRequest{RunID: "cut", Actor: "sweeper:test"})
+				row = r
+				return err == nil && r.Status != state.StatusCancelling
+			})
+			if row.Status != tc.runStatus {
+				t.Fatalf("the run ended %s, want %s", row.Status, tc.runStatus)
+			}
+		})
+	}
+}
+
+// TestStreamToDestinationWithoutEffectsIsCutAtTheCancel: a streamed POST to
+// an inference API (effects: none) stops at the cancel — the spending
+// stops — rather than running on until the drain deadline; the client
+// sees the cut as an error, and the audit log has it.
+func TestStreamToDestinationWithoutEffectsIsCutAtTheCancel(t *testing.T) {
+	// NDJSON, not SSE: an answer stream of an unsafe request that only the
+	// destination's policy cuts at once (an SSE stream is cut anyway).
+	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		rc := http.NewResponseController(w)
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "{\"token\":%d}\n", i); err != nil || rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	e := newEnv(t, envOptions{noEffects: []string{up.Listener.Addr().String()}})
+	e.admit("llm")
+	c := e.client("llm", 1)
+	c.Timeout = 0
+	resp, err := c.Post(up.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewReader(resp.Body)
+	for range 2 {
+		if _, err := lines.ReadString('\n'); err != nil {
+			t.Fatalf("stream before the cancel: %v", err)
+		}
+	}
+	// A long drain: only the destination's policy cuts the stream now.
+	d := endsWithin(t, lines, 5*time.Second, func() { e.cancel("llm", time.Hour) })
+	t.Logf("stream to a destination without effects cut %v after the cancel", d)
+	key := resp.Header.Get(refusal.IntentHeader)
+	testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
+		evs, err := e.store.Events(context.Background(), "llm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, "run_cancelled") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestCurlSeesThePlainHTTPStreamCut: curl reading a plain-HTTP SSE stream
+// through the proxy exits with an error when the cancel cuts it, never as
+// if the answer were whole.
+func TestCurlSeesThePlainHTTPStreamCut(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Fatal("curl is not installed: run scripts/test-deps")
+	}
+	up := newUpstream(t, false, sse)
+	e := newEnv(t, envOptions{})
+	e.admit("curl-sse")
+	cmd := exec.Command(curl, "--silent", "--show-error", "--no-buffer", "--max-time", "20",
+		"--proxy", e.server.URL, "--proxy-user", "curl-sse:1", up.URL+"/events")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewReader(out)
+	for range 2 {
+		if _, err := lines.ReadString('\n'); err != nil {
+			t.Fatalf("curl before the cancel: %v (%s)", err, stderr.String())
+		}
+	}
+	e.cancel("curl-sse", time.Minute)
+	_, _ = io.Copy(io.Discard, lines)
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("curl exited %v after the cut, want a non-zero exit; stderr: %s", err, stderr.String())
+	}
+	t.Logf("curl exit %d: %s", exit.ExitCode(), strings.TrimSpace(stderr.String()))
+	testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
+		evs, _ := e.store.Events(context.Background(), "curl-sse")
+		for _, ev := range evs {
+			if ev.Kind == state.EventIntentCut {
+				return true
+			}
+		}
+		return false
+	})
 }

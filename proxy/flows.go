@@ -25,6 +25,10 @@ type flow struct {
 	// allowCancelling: a delivery destination that a CANCELLING run may still reach.
 	allowCancelling bool
 	tunnel          bool
+	// effects says what the request does outside, by the policy of its
+	// destination: it decides what a cancel cuts at once, and what a cut
+	// request is recorded as.
+	effects effects
 	// streaming is set when the upstream answered with a stream (SSE or
 	// an upgraded connection), which a cancel cuts at once whatever the
 	// method; an ordinary answer to an unsafe request may finish reaching
@@ -46,6 +50,46 @@ func safeMethod(m string) bool {
 		return true
 	}
 	return false
+}
+
+// effects is a destination's policy: whether its requests change anything
+// outside (docs/proxy.md, "What a cut records").
+type effects int
+
+const (
+	// effectsWrites, the default: unsafe methods have effects, reads do not.
+	effectsWrites effects = iota
+	// effectsNone: nothing sent there has an external effect (an LLM API).
+	effectsNone
+	// effectsAll: reads have effects too.
+	effectsAll
+)
+
+// withoutEffect reports whether f, cut after its bytes were sent, provably
+// changed nothing outside, and by which rule: the destination's policy, or
+// the method's safety. Tunnels are never known: the proxy cannot see in.
+func (f *flow) withoutEffect() (source string, ok bool) {
+	switch {
+	case f.tunnel:
+		return "", false
+	case f.effects == effectsNone:
+		return state.SourcePolicy, true
+	case f.effects == effectsWrites && safeMethod(f.method):
+		return state.SourceSafeMethod, true
+	}
+	return "", false
+}
+
+// drains reports whether f may go on until the run's drain deadline: an
+// effect under way whose end the agent should see. A request without
+// effect is cut at the cancel instead — reading goes nowhere once the run
+// stops, and an inference stream stops spending.
+func (f *flow) drains() bool {
+	if f.tunnel || f.streaming.Load() {
+		return false
+	}
+	_, noEffect := f.withoutEffect()
+	return !noEffect
 }
 
 // flowSet is the registry of open flows, by run. It is the proxy's
@@ -128,15 +172,15 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 		return ""
 	}
 	draining := now.Before(run.DrainDeadline)
-	unsafe := !f.tunnel && !f.streaming.Load() && !safeMethod(f.method)
 	// The effect has happened: its answer may reach the agent, whatever the
 	// run became meanwhile (drained runs are CANCELLED at once).
-	if unsafe && f.answered.Load() && draining {
+	if f.drains() && f.answered.Load() && draining {
 		return ""
 	}
 	if run.Over() {
 		return "run_" + string(run.Status)
 	}
+	_, noEffect := f.withoutEffect()
 	switch {
 	case f.allowCancelling:
 		return ""
@@ -144,7 +188,9 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 		return "run_cancelled: pass-through tunnel"
 	case f.streaming.Load():
 		return "run_cancelled: response stream"
-	case safeMethod(f.method):
+	case noEffect && f.effects == effectsNone:
+		return "run_cancelled: destination without effects"
+	case noEffect:
 		return "run_cancelled: safe request"
 	case !draining:
 		return "drain_timeout"

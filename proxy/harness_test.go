@@ -44,6 +44,8 @@ type envOptions struct {
 	store       state.Store
 	passThrough []string
 	delivery    []string
+	noEffects   []string
+	readEffects []string
 	staticRun   string
 	maxBody     int64
 	noAutoAdmit bool
@@ -54,6 +56,8 @@ type envOptions struct {
 	requireTok  bool
 	// registry, if set, receives the proxy's metrics.
 	registry prometheus.Registerer
+	// storeTimeout bounds each store step (5s when zero).
+	storeTimeout time.Duration
 }
 
 func newEnv(t testing.TB, opts envOptions) *env {
@@ -74,6 +78,14 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	none, err := proxy.NewHostSet(opts.noEffects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads, err := proxy.NewHostSet(opts.readEffects)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if opts.roots == nil {
 		opts.roots = upstreamRoots(t)
 	}
@@ -82,12 +94,19 @@ func newEnv(t testing.TB, opts envOptions) *env {
 		ttl = 15 * time.Second
 	}
 	log := testkit.Logger()
-	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: time.Second, Logger: log})
+	// A store that answers later than the timeout fails closed (503), and
+	// a guard is fenced at half of it: on a loaded machine a second is not
+	// enough for a bbolt writer queue, and this harness tests other things.
+	storeTimeout := opts.storeTimeout
+	if storeTimeout == 0 {
+		storeTimeout = 5 * time.Second
+	}
+	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: storeTimeout, Logger: log})
 	watcher := runwatch.New(opts.store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log})
 	tel := telemetry.New(telemetry.Options{Logger: log, Registry: opts.registry})
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		PassThrough: pass, Delivery: deliv, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
+		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
 		Logger: log,
 	})
 	if err != nil {

@@ -55,6 +55,13 @@ type Config struct {
 	PassThrough HostSet
 	// Delivery hosts may still be reached by a CANCELLING run.
 	Delivery HostSet
+	// NoEffects are destinations whose requests have no external effect
+	// (an LLM inference API): at the cancel, their requests in flight are
+	// cut at once, streams included, and recorded NOT_APPLIED (policy).
+	NoEffects HostSet
+	// ReadEffects are destinations whose reads have effects too: a safe
+	// method there drains like a write, and a cut one is UNKNOWN.
+	ReadEffects HostSet
 	// MaxBody caps a request body; past it the answer is 413 and nothing is sent.
 	MaxBody int64
 	// SpoolDir holds request bodies too large for memory ("" = os.TempDir).
@@ -185,6 +192,17 @@ func (p *Proxy) ForRun(run string) (http.Handler, error) {
 }
 
 type boundRunKey struct{}
+
+// effectsOf is the policy of a destination (host or host:port).
+func (p *Proxy) effectsOf(host string) effects {
+	switch {
+	case p.cfg.NoEffects.Match(host):
+		return effectsNone
+	case p.cfg.ReadEffects.Match(host):
+		return effectsAll
+	}
+	return effectsWrites
+}
 
 // boundRun is the identity a request gets when it names none: the run its
 // listener is bound to, else the sidecar's static run.

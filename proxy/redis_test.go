@@ -14,9 +14,11 @@ import (
 	"github.com/stopgate/stopgate/state/redisstore"
 )
 
-func newRedisStore(t testing.TB, srv *redisserver.Server) state.Store {
+// newRedisStore opens the Redis store on srv with each operation bounded
+// by opTimeout.
+func newRedisStore(t testing.TB, srv *redisserver.Server, opTimeout time.Duration) state.Store {
 	t.Helper()
-	s, err := redisstore.Open(context.Background(), srv.URL(), redisstore.Options{OpTimeout: 300 * time.Millisecond})
+	s, err := redisstore.Open(context.Background(), srv.URL(), redisstore.Options{OpTimeout: opTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +30,7 @@ func TestStoreDownOrPausedFailsClosed(t *testing.T) {
 	for _, failure := range []string{"killed", "paused"} {
 		t.Run(failure, func(t *testing.T) {
 			srv := redisserver.Start(t, redisserver.Options{})
-			e := newEnv(t, envOptions{store: newRedisStore(t, srv)})
+			e := newEnv(t, envOptions{store: newRedisStore(t, srv, 300*time.Millisecond), storeTimeout: time.Second})
 			up := newUpstream(t, false, nil)
 			e.admit("f1")
 			c := e.client("f1", 1)
@@ -60,8 +62,8 @@ func TestStoreDownOrPausedFailsClosed(t *testing.T) {
 // a stream open on the other one.
 func TestCancelThroughOneInstanceReachesAnother(t *testing.T) {
 	srv := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
-	a := newEnv(t, envOptions{store: newRedisStore(t, srv)})
-	b := newEnv(t, envOptions{store: newRedisStore(t, srv)})
+	a := newEnv(t, envOptions{store: newRedisStore(t, srv, 2*time.Second)})
+	b := newEnv(t, envOptions{store: newRedisStore(t, srv, 2*time.Second)})
 	up := newUpstream(t, false, sse)
 	a.admit("m1")
 	stream, err := b.client("m1", 1).Get(up.URL + "/events")
@@ -89,7 +91,7 @@ func TestCancelThroughOneInstanceReachesAnother(t *testing.T) {
 
 func TestRaceAcrossTwoInstancesOnRedis(t *testing.T) {
 	srv := redisserver.Start(t, redisserver.Options{})
-	envs := []*env{newEnv(t, envOptions{store: newRedisStore(t, srv)}), newEnv(t, envOptions{store: newRedisStore(t, srv)})}
+	envs := []*env{newEnv(t, envOptions{store: newRedisStore(t, srv, 2*time.Second)}), newEnv(t, envOptions{store: newRedisStore(t, srv, 2*time.Second)})}
 	up := newUpstream(t, false, nil)
 	const workers, perWorker = 8, 8
 	for round := range raceRounds(t) {

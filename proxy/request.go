@@ -154,6 +154,7 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	ex.flow = &flow{
 		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method,
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
+		effects: p.effectsOf(hostOf(req)),
 	}
 	d := ex.decision(greq.Boundary, greq.Method, hostOf(req))
 	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
@@ -199,7 +200,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	if err != nil {
 		defer p.flows.remove(f)
 		defer closeBody(ex.body)
-		outcome, reason := state.IntentNotSent, "upstream: "+err.Error()
+		outcome, reason, source := state.IntentNotSent, "upstream: "+err.Error(), ""
 		if wrote.Load() {
 			outcome = state.IntentUnknown
 		}
@@ -207,8 +208,13 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		var ce *cutError
 		if errors.As(context.Cause(ex.ctx), &ce) {
 			reason, code = ce.reason, refusal.RunNotActive
+			// Cut after its bytes left: a request without effect is known
+			// not to have applied, so the run need not wait on an operator.
+			if s, ok := f.withoutEffect(); ok && outcome == state.IntentUnknown {
+				outcome, source = state.IntentNotApplied, s
+			}
 		}
-		p.finish(req.Context(), ex, outcome, 0, reason)
+		p.finishWith(req.Context(), ex, outcome, 0, reason, source)
 		r := refusal.Wrap(err, code, "%s; recorded %s", reason, outcome)
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, outcome
 		return r.Response(req), nil
@@ -250,9 +256,17 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 
 // finish records the outcome of the exchange's effect and its canonical line.
 func (p *Proxy) finish(ctx context.Context, ex *exchange, outcome state.IntentState, code int, reason string) {
+	p.finishWith(ctx, ex, outcome, code, reason, "")
+}
+
+// finishWith is finish with the source of a NOT_APPLIED outcome.
+func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.IntentState, code int, reason, source string) {
 	f := ex.flow
 	started := time.Now()
-	_, err := p.cfg.Ledger.Finish(ctx, f.intent, outcome, code, state.Clip(reason, 512))
+	_, err := p.cfg.Ledger.Finish(ctx, state.FinishRequest{
+		RunID: f.intent.RunID, Key: f.intent.Key, Attempt: f.intent.Attempts, Outcome: outcome,
+		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
+	})
 	d := ex.decision(f.boundary, f.method, "")
 	d.Result, d.Intent, d.Recorded, d.StatusCode, d.Store = telemetry.Finished, f.intent.Key, outcome, code, time.Since(started)
 	var ce *cutError
@@ -272,6 +286,11 @@ func (p *Proxy) cutAnswer(ctx context.Context, ex *exchange, ce *cutError) {
 	f := ex.flow
 	d := ex.decision(f.boundary, f.method, "")
 	d.Result, d.Reason, d.Intent, d.Recorded = telemetry.Cut, ce.reason, f.intent.Key, state.IntentResponded
+	// The record says what the provider did (it answered); the audit log
+	// also says the agent did not get all of the answer, and why.
+	if err := p.cfg.Ledger.Note(ctx, f.intent, state.EventIntentCut, ce.reason); err != nil {
+		d.Detail = "the cut is not in the audit log: " + err.Error()
+	}
 	p.tel.Decided(ctx, d)
 }
 

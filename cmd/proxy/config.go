@@ -53,6 +53,9 @@ type serveConfig struct {
 	RecheckInterval time.Duration
 	// SweepInterval: how often live runs are ticked (lease expiry, drain).
 	SweepInterval time.Duration
+	// Retention is how long the intents and events of a finished run are
+	// kept; zero keeps them forever. Rows (tombstones) are never removed.
+	Retention time.Duration
 	// MaxBody caps a proxied request body, in bytes.
 	MaxBody int64
 	// SpoolDir holds large request bodies while they are digested.
@@ -98,6 +101,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.RecheckInterval}, "recheck-interval", "`duration` between re-reads of the rows of runs with open connections")
 	cfg.SweepInterval = time.Second
 	fs.Var(durationValue{&cfg.SweepInterval}, "sweep-interval", "`duration` between ticks of live runs (lease expiry, drain deadlines)")
+	cfg.Retention = 7 * 24 * time.Hour
+	fs.Var(durationValue{&cfg.Retention}, "retention", "`duration` the intents and events of a finished (CANCELLED, COMPLETED) run are kept; 0 keeps them forever; the run rows always stay")
 	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
 	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "secret (32 bytes or more) that signs run tokens: POST /v1/runs/{run}/tokens issues them, the proxy accepts them as the password")
@@ -212,6 +217,9 @@ func (c *serveConfig) validate(source map[string]string) error {
 		if d <= 0 {
 			return bad(name, "%s: want a positive duration", d)
 		}
+	}
+	if c.Retention < 0 {
+		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)
 	}
 	if c.LeaseTTL < 3*c.StoreTimeout {
 		return bad("lease-ttl", "%s is shorter than three store timeouts (%s): leases would expire while their renewal is still allowed to wait", c.LeaseTTL, 3*c.StoreTimeout)

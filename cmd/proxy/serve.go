@@ -114,6 +114,14 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err != nil {
 		return nil, usagef("serve", "--config: delivery: %v", err)
 	}
+	noEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsNone))
+	if err != nil {
+		return nil, usagef("serve", "--config: effects: %v", err)
+	}
+	readEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsAll))
+	if err != nil {
+		return nil, usagef("serve", "--config: effects: %v", err)
+	}
 	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
@@ -140,7 +148,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	inst.egress, err = proxy.New(proxy.Config{
 		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
-		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery,
+		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery, NoEffects: noEffects, ReadEffects: readEffects,
 		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
 	})
 	if err == nil {
@@ -189,7 +197,8 @@ func (inst *instance) run(ctx context.Context) error {
 	cfg, log := inst.cfg, inst.log
 	store := inst.store.Store
 	loops, stopLoops := startLoops(ctx, inst.watcher, inst.ledger,
-		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "sweeper")},
+		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout,
+			Retention: cfg.Retention, Logger: log.With("component", "sweeper")},
 		&intents.Reconciler{Store: store, Lookups: inst.pol.Lookups, Actor: "reconciler:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
 	)
 	servers := newServers(log)
