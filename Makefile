@@ -25,9 +25,11 @@ test: test-deps
 bench: test-deps
 	$(GO) build -o $(BIN) ./cmd/proxy
 	$(GO) build -o bin/plain-goproxy ./internal/bench/cmd/plain-goproxy
-	$(GO) build -buildvcs=false -o bin/stopgate-bench ./internal/bench/cmd/stopgate-bench
+	$(GO) build -o bin/stopgate-bench ./internal/bench/cmd/stopgate-bench
 	./bin/stopgate-bench -stopgate $(BIN) -baseline bin/plain-goproxy \
-		-commit "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- || echo +uncommitted)" $(BENCH_FLAGS)
+		-commit "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- || echo +uncommitted)" \
+		-cache-key "$$( ($(GO) version; find state intents internal/bench/preload.go go.mod go.sum -type f | sort | xargs sha256sum) | sha256sum | cut -c1-16)" \
+		$(BENCH_FLAGS)
 
 # Go micro-benchmarks: a POST direct and through the in-process proxy on each
 # store, and the guard alone on each store.

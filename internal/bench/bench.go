@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,9 @@ type Config struct {
 	// CacheDir keeps bulk-loaded stores for the next run of the same bench
 	// binary; empty loads every time.
 	CacheDir string
+	// CacheKey names the store code that loads the cache's stores; empty
+	// uses this binary's hash.
+	CacheKey string
 
 	// Repeats of every measurement; medians are printed with the spread.
 	Repeats int
@@ -114,6 +118,7 @@ type env struct {
 	policy    string
 	allowDest bool
 	cache     *cache
+	figures   figures
 	notes     []string
 }
 
@@ -129,9 +134,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if dir, err = os.MkdirTemp("", "stopgate-bench-"); err != nil {
 			return err
 		}
-		if !cfg.Keep {
-			defer os.RemoveAll(dir)
-		}
+		// Kept after a failure: the logs of the processes explain it.
+		defer func() {
+			if err == nil && !cfg.Keep {
+				_ = os.RemoveAll(dir)
+			} else {
+				cfg.logf("work directory kept: %s", dir)
+			}
+		}()
 	}
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
@@ -145,8 +155,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer up.close()
-	e := &env{cfg: &cfg, dir: dir, up: up, allowDest: true}
-	if e.cache, err = openCache(cfg.CacheDir); err != nil {
+	e := &env{cfg: &cfg, dir: dir, up: up, allowDest: true, figures: figures{}}
+	if e.cache, err = openCache(cfg.CacheDir, cfg.CacheKey); err != nil {
 		return err
 	}
 	// The pass-through port is tunnelled unseen, for the cancel phase's tunnels.
@@ -192,6 +202,7 @@ func (e *env) printAll(tables []*table, started time.Time, loadBefore string) {
 	for _, t := range tables {
 		t.print(w)
 	}
+	e.targetTable(slices.Max(e.cfg.Conns)).print(w)
 	for _, n := range e.notes {
 		fmt.Fprintln(w, "- "+n)
 	}
@@ -283,6 +294,7 @@ func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
 		return nil, err
 	}
 	if rtt, err := p.everysec.pingRTT(ctx, 1000); err == nil {
+		e.figures.set("ping", rtt.Seconds())
 		e.note("Redis PING round trip on loopback (median of 1 000): %s.", dur(rtt))
 	}
 	var tables []*table

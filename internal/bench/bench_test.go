@@ -158,7 +158,7 @@ func TestCacheGivesBackWhatItKeptAndOnlyForThisBinary(t *testing.T) {
 	if err := os.MkdirAll(stale, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	c, err := openCache(root)
+	c, err := openCache(root, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,14 @@ func TestCacheGivesBackWhatItKeptAndOnlyForThisBinary(t *testing.T) {
 	if len(got) != 1 || got[0].Count != 10 || got[0].Took != time.Second || got[0].Size != 100 {
 		t.Fatalf("restored loads %+v", got)
 	}
-	off, err := openCache("")
+	if _, err := openCache(root, "../escape"); err == nil {
+		t.Error("a key with a path in it was accepted")
+	}
+	keyed, err := openCache(root, "abc123")
+	if err != nil || keyed.dir != filepath.Join(root, "abc123") {
+		t.Fatalf("keyed cache at %q, %v", keyed.dir, err)
+	}
+	off, err := openCache("", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,23 +10,32 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // The stored-volume phase spends minutes writing a million rows through the
-// store's own code. Its result depends only on that code, which is compiled
-// into this binary: a store loaded by the same binary (same bytes) is the
-// same store, so it is kept in Config.CacheDir and copied back next time.
-// Any change to the binary (a store change above all) misses the cache and
-// loads again; only the current binary's entries are kept.
+// store's own code. Its result depends only on that code: a store loaded by
+// the same code is the same store, so it is kept in Config.CacheDir and
+// copied back next time. The key names the code: Config.CacheKey (make
+// bench hashes the sources of the store packages, the ledger, the loader
+// and the module's dependencies), or else this binary's own hash, which
+// changes with any code compiled into it. Any change misses the cache and
+// loads again; only the current key's entries are kept.
 
-// cache holds loaded stores under CacheDir/<binary hash>/<entry>/.
+// cache holds loaded stores under CacheDir/<key>/<entry>/.
 type cache struct {
-	dir string // CacheDir/<hash>; "" when caching is off
+	dir string // CacheDir/<key>; "" when caching is off
 }
 
-func openCache(root string) (*cache, error) {
+func openCache(root, key string) (*cache, error) {
 	if root == "" {
 		return &cache{}, nil
+	}
+	if key != "" {
+		if strings.ContainsAny(key, `/\.`) || len(key) > 64 {
+			return nil, fmt.Errorf("cache key %q: want up to 64 letters and digits", key)
+		}
+		return &cache{dir: filepath.Join(root, key)}, nil
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,29 +47,24 @@ func (e *env) cancelPhase(ctx context.Context, p *mainProcs) (*table, error) {
 		insts = append(insts, s)
 	}
 	e.cfg.logf("cancel → cut: %d cancels, each of a run with 3 streams (HTTP SSE, HTTPS SSE through MITM, SSE in a pass-through tunnel) on each of 3 instances", e.cfg.Cancels)
-	var fromAck, fromSend []float64
+	var fromAck, fromSend []time.Duration
 	clean, uncut := map[string]int{}, 0
 	for i := range e.cfg.Cancels {
 		r, err := e.cancelRound(ctx, insts, fmt.Sprintf("cancel-%d", i), insts[i%len(insts)])
 		if err != nil {
 			return nil, fmt.Errorf("cancel round %d: %w", i, err)
 		}
-		fromAck = append(fromAck, float64(r.lastCut.Sub(r.ack)))
-		fromSend = append(fromSend, float64(r.lastCut.Sub(r.sent)))
+		fromAck = append(fromAck, r.lastCut.Sub(r.ack))
+		fromSend = append(fromSend, r.lastCut.Sub(r.sent))
 		for k, n := range r.clean {
 			clean[k] += n
 		}
 		uncut += r.uncut
 	}
-	slices.Sort(fromAck)
-	slices.Sort(fromSend)
-	pct := func(xs []float64, q float64) string {
-		ds := make([]time.Duration, len(xs))
-		for i, x := range xs {
-			ds[i] = time.Duration(x)
-		}
-		return signedDur(percentile(ds, q))
-	}
+	sortDurations(fromAck)
+	sortDurations(fromSend)
+	pct := func(ds []time.Duration, q float64) string { return signedDur(percentile(ds, q)) }
+	e.figures.set("cancel-p99", percentile(fromAck, 99).Seconds())
 	t := &table{
 		title:  "Cancel → last cut connection, 3 stopgate instances on one Redis (everysec)",
 		header: []string{"measured from", "p50", "p99", "max", "cancels", "connections per cancel", "clean ends (should be 0)", "not cut within 10 s"},

@@ -138,18 +138,23 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) (*table, error) {
 				label = "plain goproxy MITM"
 			}
 			row := []string{sc.label, label, fmt.Sprint(sc.conns), rateCell(s.rate), "—", dur(s.p50), "—", dur(s.p99), "—", "—", "—", fmt.Sprintf("%.2f cores", s.others), fmt.Sprint(s.errors)}
+			key := fmt.Sprintf("%s/%d/%s", sc.key, sc.conns, tg.key)
 			if !tg.baseline {
 				row[4] = ratioCell(s.ratio)
 				row[6] = signedDur(s.p50 - base.p50)
+				e.figures.set("ratio/"+key, s.ratio.Median)
+				e.figures.set("p50-added/"+key, (s.p50 - base.p50).Seconds())
 			}
 			if len(results[si][ti][0].CPU) > 0 {
 				row[8] = micros(s.proxyCPU)
 				if !tg.baseline && base.proxyCPU > 0 {
 					row[9] = fmt.Sprintf("%.2f", s.proxyCPU/base.proxyCPU)
+					e.figures.set("cpu-ratio/"+key, s.proxyCPU/base.proxyCPU)
 				}
 			}
 			if tg.hasRedis {
 				row[10] = micros(s.redisCPU)
+				e.figures.set("redis-cpu/"+key, s.redisCPU)
 			}
 			t.add(row...)
 		}

@@ -27,6 +27,9 @@ type Options struct {
 	// AppendFsyncEverySec turns on the AOF with fsync once a second, the
 	// policy Redis uses when the AOF is on: a crash may lose the last second.
 	AppendFsyncEverySec bool
+	// StartTimeout bounds the wait for the first PONG (10s when zero): a
+	// server that loads a large data set at start needs longer.
+	StartTimeout time.Duration
 }
 
 func (o Options) persistenceArgs() ([]string, error) {
@@ -112,8 +115,8 @@ type Process struct {
 }
 
 // Launch starts redis-server on 127.0.0.1:port with its data (and log) in
-// dir, and returns once it answers PING, or fails after 10 seconds. The
-// caller must Kill it.
+// dir, and returns once it answers PING, or fails after opts.StartTimeout.
+// The caller must Kill it.
 func Launch(dir string, port int, opts Options) (*Process, error) {
 	persist, err := opts.persistenceArgs()
 	if err != nil {
@@ -137,7 +140,11 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 	}
 	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); _ = logf.Close(); close(p.done) }()
-	deadline := time.Now().Add(10 * time.Second)
+	wait := opts.StartTimeout
+	if wait <= 0 {
+		wait = 10 * time.Second
+	}
+	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
 		if pingOK(p.addr) {
 			return p, nil
@@ -149,7 +156,7 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 		}
 	}
 	p.Kill()
-	return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s; log in %s", p.addr, dir)
+	return nil, fmt.Errorf("redis-server on %s did not answer PING within %s; log in %s", p.addr, wait, dir)
 }
 
 // Addr is host:port of the server.

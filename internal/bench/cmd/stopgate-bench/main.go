@@ -47,6 +47,7 @@ func parseFlags(args []string) (bench.Config, error) {
 		defaultCache = filepath.Join(d, "stopgate-bench")
 	}
 	fs.StringVar(&cfg.CacheDir, "cache", defaultCache, "directory keeping bulk-loaded stores for the next run of this same bench binary")
+	fs.StringVar(&cfg.CacheKey, "cache-key", "", "names the store code the cached stores were loaded by (default: this binary's hash)")
 	noCache := fs.Bool("no-cache", false, "load the stored-volume stores again, ignoring and not filling the cache")
 	fs.IntVar(&cfg.Repeats, "repeats", 3, "repeats of every measurement")
 	fs.DurationVar(&cfg.Warmup, "warmup", 500*time.Millisecond, "warm-up before each measured window")
