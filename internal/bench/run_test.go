@@ -73,9 +73,6 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 	if want := 5*5 + 6; rows != want {
 		t.Errorf("%d measured rows, want %d:\n%s", rows, want, text)
 	}
-	if strings.Contains(text, "not measured") {
-		t.Errorf("a target was not measured although every phase ran")
-	}
 	if t.Failed() {
 		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
 	}

@@ -94,13 +94,17 @@ func (e *env) storedPhase(ctx context.Context) ([]*table, error) {
 		store *storedStore
 		run   func(rep int) string
 		label string
+		// reference is the store kind's row the others divide by; large
+		// is the row the many-runs target reads.
+		reference, large bool
 	}
 	var conds []condition
 	for _, s := range stores {
 		name := fmt.Sprintf("%s, %s runs stored", s.label, thousands(float64(s.runs)))
-		conds = append(conds, condition{s, func(rep int) string { return fmt.Sprintf("measured-r%d", rep) }, name + ", a new run"})
+		fresh := func(rep int) string { return fmt.Sprintf("measured-r%d", rep) }
+		conds = append(conds, condition{store: s, run: fresh, label: name + ", a new run", reference: s.fat, large: !s.fat})
 		if s.fat {
-			conds = append(conds, condition{s, func(int) string { return "fat" }, name + fmt.Sprintf(", a run holding %s intents", thousands(float64(e.cfg.FatIntents)))})
+			conds = append(conds, condition{store: s, run: func(int) string { return "fat" }, label: name + fmt.Sprintf(", a run holding %s intents", thousands(float64(e.cfg.FatIntents)))})
 		}
 	}
 	results := make([][]loadResult, len(conds))
@@ -129,14 +133,13 @@ func (e *env) storedPhase(ctx context.Context) ([]*table, error) {
 		header: []string{"condition", "req/s (min–max)", "× fewest stored", "p50", "p99",
 			"proxy CPU µs/req", "redis CPU µs/req", "others' CPU", "errors"},
 	}
-	// Each store's first condition (fewest runs, a new run) is its reference.
 	var ref []loadResult
 	for ci, c := range conds {
-		if ci == 0 || conds[ci-1].store.label != c.store.label {
+		if c.reference {
 			ref = results[ci]
 		}
 		s := summarize(results[ci], ref)
-		if c.store.runs != conds[0].store.runs && !strings.Contains(c.label, "intents") {
+		if c.large {
 			e.figures.set("stored-ratio/"+c.store.label, s.ratio.Median)
 		}
 		row := []string{c.label, rateCell(s.rate), ratioCell(s.ratio), dur(s.p50), dur(s.p99), micros(s.proxyCPU), "—", fmt.Sprintf("%.2f cores", s.others), fmt.Sprint(s.errors)}
