@@ -173,7 +173,7 @@ func (e *env) storedPhase(ctx context.Context) ([]*table, error) {
 	lt.notes = append(lt.notes, "Redis: concurrent store calls from 64 goroutines (the store's scripts, unchanged), then BGREWRITEAOF, awaited, before stopgate starts. "+
 		"Embedded: the store's own transactions on a copy of the data file in "+e.scratchDir()+" (tmpfs: fsync costs nothing there), copied to disk before stopgate opens it.")
 	if cached {
-		lt.notes = append(lt.notes, "Cached: copied from "+filepath.Dir(e.cache.dir)+", where this same bench binary (so the same store code) loaded it at the time shown; -no-cache loads again.")
+		lt.notes = append(lt.notes, "Cached: copied from "+e.cache.dir+", where the same store code (the cache key) loaded it at the time shown; -no-cache loads again.")
 	}
 	return []*table{t, lt}, nil
 }
