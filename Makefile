@@ -1,7 +1,7 @@
 GO ?= go
 BIN := bin/stopgate
 
-.PHONY: build run test test-deps bench soak
+.PHONY: build run test test-deps bench bench-micro soak
 
 build:
 	$(GO) build -o $(BIN) ./cmd/proxy
@@ -18,9 +18,22 @@ test: test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-# Benchmarks, side by side in one run: a POST direct and through stopgate on
-# each store, and the guard alone on each store.
+# The performance instrument (docs/bench.md): the built stopgate against direct
+# and plain goproxy, on each store, side by side in one run, each proxy its own
+# process; Markdown tables on stdout. Takes minutes; CI does not run it.
+# Flags through BENCH_FLAGS, e.g. BENCH_FLAGS="-skip stored -repeats 5".
 bench: test-deps
+	$(GO) build -o $(BIN) ./cmd/proxy
+	$(GO) build -o bin/plain-goproxy ./internal/bench/cmd/plain-goproxy
+	$(GO) build -o bin/stopgate-bench ./internal/bench/cmd/stopgate-bench
+	./bin/stopgate-bench -stopgate $(BIN) -baseline bin/plain-goproxy \
+		-commit "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- || echo +uncommitted)" \
+		-cache-key "$$( ($(GO) version; find state intents internal/bench/preload.go go.mod go.sum -type f | sort | xargs sha256sum) | sha256sum | cut -c1-16)" \
+		$(BENCH_FLAGS)
+
+# Go micro-benchmarks: a POST direct and through the in-process proxy on each
+# store, and the guard alone on each store.
+bench-micro: test-deps
 	$(GO) test -run '^$$' -bench 'BenchmarkPOST|BenchmarkGuard$$' -benchtime 3s -count 3 ./proxy ./state/filestore ./state/redisstore
 
 # The cancel races, repeated: 200 rounds of concurrent POSTs racing a cancel

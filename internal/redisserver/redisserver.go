@@ -1,11 +1,13 @@
-// Package redisserver starts a real redis-server for tests: on a free
+// Package redisserver starts a real redis-server: for tests (Start: on a free
 // loopback port, in a temporary directory, with kill -9, stop and restart on
-// the same data. It never mocks Redis and never skips: a missing
-// redis-server fails the test with how to install it.
+// the same data) and for programs such as the benchmark instrument (Launch).
+// It never mocks Redis and never skips: a missing redis-server fails the
+// test with how to install it.
 package redisserver
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -22,6 +24,24 @@ type Options struct {
 	// AppendFsyncAlways turns on the AOF with fsync on every write, so an
 	// acknowledged write survives kill -9.
 	AppendFsyncAlways bool
+	// AppendFsyncEverySec turns on the AOF with fsync once a second, the
+	// policy Redis uses when the AOF is on: a crash may lose the last second.
+	AppendFsyncEverySec bool
+	// StartTimeout bounds the wait for the first PONG (10s when zero): a
+	// server that loads a large data set at start needs longer.
+	StartTimeout time.Duration
+}
+
+func (o Options) persistenceArgs() ([]string, error) {
+	switch {
+	case o.AppendFsyncAlways && o.AppendFsyncEverySec:
+		return nil, errors.New("redisserver: AppendFsyncAlways and AppendFsyncEverySec are exclusive")
+	case o.AppendFsyncAlways:
+		return []string{"--appendonly", "yes", "--appendfsync", "always"}, nil
+	case o.AppendFsyncEverySec:
+		return []string{"--appendonly", "yes", "--appendfsync", "everysec"}, nil
+	}
+	return []string{"--appendonly", "no"}, nil
 }
 
 // Server is one redis-server process under a test's control.
@@ -30,8 +50,7 @@ type Server struct {
 	dir  string
 	port int
 	opts Options
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *Process
 }
 
 // Start starts a server and stops it when the test ends.
@@ -40,7 +59,11 @@ func Start(t testing.TB, opts Options) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found on PATH: install it with `apt-get install -y redis-server` (make test does this)")
 	}
-	s := &Server{t: t, dir: t.TempDir(), port: freePort(t), opts: opts}
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{t: t, dir: t.TempDir(), port: port, opts: opts}
 	s.start()
 	t.Cleanup(s.Kill)
 	return s
@@ -54,63 +77,101 @@ func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
 
 func (s *Server) start() {
 	s.t.Helper()
-	args := []string{
-		"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--save", "", "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
-	}
-	if s.opts.AppendFsyncAlways {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
-	} else {
-		args = append(args, "--appendonly", "no")
-	}
-	cmd := exec.Command("redis-server", args...)
-	cmd.Dir = s.dir
-	logf, err := os.Create(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
+	p, err := Launch(s.dir, s.port, s.opts)
 	if err != nil {
-		s.t.Fatalf("redis log: %v", err)
+		s.t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	s.cmd = cmd
-	s.done = make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(s.done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if pingOK(s.Addr()) {
-			return
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("redis-server exited at start; log in %s", s.dir)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	s.t.Fatalf("redis-server on %s did not answer PING within 10s", s.Addr())
+	s.proc = p
 }
 
 // Kill sends SIGKILL and waits for the process to go.
 func (s *Server) Kill() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
+	s.proc.Kill()
+	s.proc = nil
 }
 
 // Pause stops the process (SIGSTOP): connections stay open, nothing answers.
-func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *Server) Pause() { _ = s.proc.cmd.Process.Signal(syscall.SIGSTOP) }
 
 // Resume continues a paused process.
-func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+func (s *Server) Resume() { _ = s.proc.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Restart starts the server again on the same port and data directory.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
 	s.start()
+}
+
+// Process is one running redis-server, started by Launch.
+type Process struct {
+	addr string
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Launch starts redis-server on 127.0.0.1:port with its data (and log) in
+// dir, and returns once it answers PING, or fails after opts.StartTimeout.
+// The caller must Kill it.
+func Launch(dir string, port int, opts Options) (*Process, error) {
+	persist, err := opts.persistenceArgs()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{
+		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
+	}
+	args = append(args, persist...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Dir = dir
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		return nil, fmt.Errorf("redis log: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); _ = logf.Close(); close(p.done) }()
+	wait := opts.StartTimeout
+	if wait <= 0 {
+		wait = 10 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if pingOK(p.addr) {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("redis-server exited at start; log in %s", dir)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	p.Kill()
+	return nil, fmt.Errorf("redis-server on %s did not answer PING within %s; log in %s", p.addr, wait, dir)
+}
+
+// Addr is host:port of the server.
+func (p *Process) Addr() string { return p.addr }
+
+// URL is the redis:// URL of the server, database 0.
+func (p *Process) URL() string { return "redis://" + p.addr + "/0" }
+
+// PID is the server's process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Kill sends SIGKILL and waits for the process to go.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
 }
 
 func pingOK(addr string) bool {
@@ -127,12 +188,12 @@ func pingOK(addr string) bool {
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
+// FreePort is a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("free port: %v", err)
+		return 0, fmt.Errorf("free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

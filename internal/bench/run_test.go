@@ -1,0 +1,79 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/internal/bench"
+)
+
+// The whole instrument, at toy sizes, against the real binaries: every
+// phase runs, every row is printed, and no measured request failed or went
+// around the guard.
+func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
+	dir := t.TempDir()
+	bins := map[string]string{
+		"stopgate":      "github.com/stopgate/stopgate/cmd/proxy",
+		"plain-goproxy": "github.com/stopgate/stopgate/internal/bench/cmd/plain-goproxy",
+	}
+	for name, pkg := range bins {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	var out, log bytes.Buffer
+	cfg := bench.Config{
+		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
+		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, Post: true,
+		Cancels: 3, MemRuns: 20, MemIntents: 20, StoredSmall: 10, StoredLarge: 30, StoredLargeEmbedded: 30, FatIntents: 40,
+		Commit: "test", Out: &out, Log: &log,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := bench.Run(ctx, cfg); err != nil {
+		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
+	}
+	text := out.String()
+	for _, want := range []string{
+		"| HTTP GET         | direct (no proxy)        |     1 |",
+		"| HTTPS GET (MITM) | plain goproxy MITM       |     4 |",
+		"| HTTP POST 64 B   | stopgate, Redis always   |     4 |",
+		"stopgate, embedded store", "stopgate, Redis everysec",
+		"### Cancel → last cut connection", "cancel acknowledged (202 read)",
+		"### Redis memory", "intents (RESPONDED GETs, one run)",
+		"Redis everysec, 30 runs stored, a new run", "embedded store, 10 runs stored, a run holding 40 intents",
+		"### How the stored data was loaded",
+		"### Issue 9 targets, against this run",
+		"| Redis everysec, HTTP GET ×4 ", "| cancel acknowledged → last cut connection, 3 instances ",
+		"| Redis: 30 runs stored vs 10 ", "| embedded: 30 runs stored vs 10 ",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	// Every measured row (the tables with others' CPU) ends with its error
+	// count, which must be 0.
+	rows := 0
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.Contains(line, " cores |") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if got := strings.TrimSpace(cells[len(cells)-1]); got != "0" {
+			t.Errorf("row with %s errors: %s", got, line)
+		}
+	}
+	if want := 5*5 + 6; rows != want {
+		t.Errorf("%d measured rows, want %d:\n%s", rows, want, text)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+	}
+}
