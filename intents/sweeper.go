@@ -54,9 +54,16 @@ type Sweeper struct {
 	// zero).
 	PruneLimit int
 
+	// Drained, if set, is told of every run this sweeper saw CANCELLING
+	// and then saw leave it (CANCELLED or UNKNOWN), whoever moved it on,
+	// once: the operator's measure of how long drains take.
+	Drained func(run state.Run)
+
 	mu sync.Mutex
 	// next is the ACTIVE run id the next page starts after ("" from the start).
 	next string
+	// cancelling are the runs the last sweeps saw CANCELLING.
+	cancelling map[string]struct{}
 }
 
 // Run sweeps every Interval (1s if unset) until ctx ends.
@@ -90,18 +97,54 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 	if err != nil {
 		log.Warn("sweep: cannot list active runs", "err", err)
 	}
+	ticked := make(map[string]state.Run, len(draining))
 	for _, id := range append(draining, active...) {
 		if ctx.Err() != nil {
 			return
 		}
-		_, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) {
+		row, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) {
 			return s.Store.Tick(ctx, state.TickRequest{RunID: id, Actor: s.Actor})
 		})
 		if err != nil && !errors.Is(err, state.ErrNotFound) {
 			log.Warn("sweep: tick failed", "run", id, "err", err)
 		}
+		if err == nil {
+			ticked[id] = row
+		}
 	}
+	s.noteDrains(ctx, ticked)
 	s.prune(ctx)
+}
+
+// noteDrains tells Drained of the runs that left CANCELLING since the last
+// sweep: by this sweep's tick, or elsewhere (the last outcome of a run
+// settles it in the same step), then read once more.
+func (s *Sweeper) noteDrains(ctx context.Context, ticked map[string]state.Run) {
+	if s.Drained == nil {
+		return
+	}
+	s.mu.Lock()
+	was := s.cancelling
+	s.cancelling = map[string]struct{}{}
+	for id, row := range ticked {
+		if row.Status == state.StatusCancelling {
+			s.cancelling[id] = struct{}{}
+		}
+	}
+	s.mu.Unlock()
+	for id := range was {
+		row, ok := ticked[id]
+		if !ok {
+			var err error
+			row, err = storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) { return s.Store.Get(ctx, id) })
+			if err != nil {
+				continue
+			}
+		}
+		if row.Status != state.StatusCancelling && row.Status != state.StatusActive {
+			s.Drained(row)
+		}
+	}
 }
 
 // page reads the next page of ACTIVE runs and moves the walk on.

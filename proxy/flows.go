@@ -37,10 +37,23 @@ type flow struct {
 	// answered is set once the upstream's answer came back (RESPONDED).
 	answered atomic.Bool
 	cut      context.CancelCauseFunc
+	// cutBy is the cut that ended the flow, if one did.
+	cutBy atomic.Pointer[cutError]
 }
 
-// cutError is the cause a flow is cut with, so the round trip can record why.
-type cutError struct{ reason string }
+// stop cuts the flow for ce.
+func (f *flow) stop(ce *cutError) {
+	f.cutBy.CompareAndSwap(nil, ce)
+	f.cut(ce)
+}
+
+// cutError is the cause a flow is cut with, so the round trip can record
+// why; cancelledAt is when the cancel that cut it committed (zero for a
+// shutdown).
+type cutError struct {
+	reason      string
+	cancelledAt time.Time
+}
 
 func (e *cutError) Error() string { return "cut by stopgate: " + e.reason }
 
@@ -95,13 +108,25 @@ func (f *flow) drains() bool {
 // flowSet is the registry of open flows, by run. It is the proxy's
 // runwatch.Holder: the watcher hands it the rows of the runs it holds.
 type flowSet struct {
-	mu    sync.Mutex
-	byRun map[string]map[*flow]struct{}
-	open  prometheus.Gauge
+	mu      sync.Mutex
+	byRun   map[string]map[*flow]struct{}
+	metrics *telemetry.Metrics
+	flows   prometheus.Gauge
+	tunnels prometheus.Gauge
 }
 
 func newFlowSet(m *telemetry.Metrics) *flowSet {
-	return &flowSet{byRun: map[string]map[*flow]struct{}{}, open: m.Open.WithLabelValues("flows")}
+	return &flowSet{
+		byRun: map[string]map[*flow]struct{}{}, metrics: m,
+		flows: m.Open.WithLabelValues("flows"), tunnels: m.Open.WithLabelValues("tunnels"),
+	}
+}
+
+func (s *flowSet) gauge(f *flow) prometheus.Gauge {
+	if f.tunnel {
+		return s.tunnels
+	}
+	return s.flows
 }
 
 func (s *flowSet) add(f *flow) {
@@ -113,7 +138,7 @@ func (s *flowSet) add(f *flow) {
 		s.byRun[f.id.run] = m
 	}
 	m[f] = struct{}{}
-	s.open.Inc()
+	s.gauge(f).Inc()
 }
 
 func (s *flowSet) remove(f *flow) {
@@ -124,9 +149,14 @@ func (s *flowSet) remove(f *flow) {
 		return
 	}
 	delete(m, f)
-	s.open.Dec()
+	s.gauge(f).Dec()
 	if len(m) == 0 {
 		delete(s.byRun, f.id.run)
+		// The run's last connection here is gone: if a cancel cut it, that
+		// is how long the cancel took to reach all of this instance.
+		if ce := f.cutBy.Load(); ce != nil {
+			s.metrics.LastCut("proxy", ce.cancelledAt)
+		}
 	}
 }
 
@@ -161,7 +191,7 @@ func (s *flowSet) Enforce(run state.Run) {
 	defer s.mu.Unlock()
 	for f := range s.byRun[run.ID] {
 		if reason := cutReason(f, run, now); reason != "" {
-			f.cut(&cutError{reason: reason})
+			f.stop(&cutError{reason: reason, cancelledAt: run.CancelledAt})
 		}
 	}
 }
@@ -203,7 +233,7 @@ func (s *flowSet) cutAll(reason string) {
 	defer s.mu.Unlock()
 	for _, m := range s.byRun {
 		for f := range m {
-			f.cut(&cutError{reason: reason})
+			f.stop(&cutError{reason: reason})
 		}
 	}
 }

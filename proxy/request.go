@@ -274,7 +274,6 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 		d.Result, d.Reason = telemetry.Cut, ce.reason
 	}
 	if err != nil {
-		p.tel.Metrics().StoreError("outcome")
 		d.Detail = "outcome not recorded; the lease will expire into UNKNOWN: " + err.Error()
 	}
 	p.tel.Decided(ctx, d)

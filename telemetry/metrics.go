@@ -1,20 +1,30 @@
 package telemetry
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are stopgate's own instruments. docs/metrics.md lists each with
-// the event that moves it.
+// the event that moves it; labels are bounded (no run ids, no hosts).
 type Metrics struct {
-	decisions    *prometheus.CounterVec
-	refusals     *prometheus.CounterVec
-	cuts         *prometheus.CounterVec
-	storeLatency *prometheus.HistogramVec
-	storeErrors  *prometheus.CounterVec
+	decisions   *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
+	cuts        *prometheus.CounterVec
+	storeCalls  *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+	lastCut     *prometheus.HistogramVec
+	drains      *prometheus.HistogramVec
 
 	// Open counts what is open now, by kind: flows (requests in flight and
-	// streams), tunnels, cdp (browser guard connections), browsers.
+	// their answers), tunnels (pass-through CONNECTs), cdp (browser guard
+	// connections), browsers.
 	Open *prometheus.GaugeVec
 }
+
+// latencyBuckets span a loopback Redis round trip to a slow fsync.
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
 func newMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
@@ -24,30 +34,50 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"boundary", "result"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stopgate_refusals_total",
-			Help: "Refusals by boundary and reason code.",
+			Help: "Refusals by boundary and reason code (docs/refusals.md).",
 		}, []string{"boundary", "reason"}),
 		cuts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stopgate_cuts_total",
 			Help: "Admitted effects cut before their end, by boundary and cause.",
 		}, []string{"boundary", "cause"}),
-		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "stopgate_store_step_seconds",
-			Help:    "Time of the store steps on a request's path: the guard and the outcome, by store kind.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-		}, []string{"store", "step"}),
+		storeCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stopgate_store_seconds",
+			Help:    "Time of store calls by store kind (file, redis) and operation (guard, outcome, cancel, get, tick, ...).",
+			Buckets: latencyBuckets,
+		}, []string{"store", "op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stopgate_store_errors_total",
-			Help: "Store steps that failed (unreachable, too slow), by step.",
-		}, []string{"step"}),
+			Help: "Store calls that failed (unreachable, too slow, broken), by operation; refusals and conflicts are answers, not errors.",
+		}, []string{"op"}),
+		lastCut: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stopgate_cancel_to_last_cut_seconds",
+			Help:    "From a cancel's commit to the cut of the last connection of its run this instance held, by edge (proxy, browser).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"edge"}),
+		drains: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "stopgate_drain_seconds",
+			Help:    "From a cancel's commit to the run leaving CANCELLING, by result (CANCELLED, UNKNOWN); its count is the drains.",
+			Buckets: []float64{.01, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600},
+		}, []string{"result"}),
 		Open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "stopgate_open",
 			Help: "What this instance holds open now, by kind: flows, tunnels, cdp, browsers.",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.decisions, m.refusals, m.cuts, m.storeLatency, m.storeErrors, m.Open)
+	reg.MustRegister(m.decisions, m.refusals, m.cuts, m.storeCalls, m.storeErrors, m.lastCut, m.drains, m.Open)
 	return m
 }
 
-// StoreError counts a failed store step outside a decision (an outcome or
-// a renewal that could not be written).
-func (m *Metrics) StoreError(step string) { m.storeErrors.WithLabelValues(step).Inc() }
+// LastCut records that the last connection of a run this instance held for
+// edge was cut, cancelledAt being when the cancel committed.
+func (m *Metrics) LastCut(edge string, cancelledAt time.Time) {
+	if cancelledAt.IsZero() {
+		return
+	}
+	m.lastCut.WithLabelValues(edge).Observe(time.Since(cancelledAt).Seconds())
+}
+
+// Drained records a run that left CANCELLING for result after took.
+func (m *Metrics) Drained(result string, took time.Duration) {
+	m.drains.WithLabelValues(result).Observe(took.Seconds())
+}

@@ -109,18 +109,8 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	switch d.Result {
 	case Refused:
 		m.refusals.WithLabelValues(string(d.Boundary), d.Reason).Inc()
-		if d.Reason == string(refusal.StoreUnavailable) {
-			m.storeErrors.WithLabelValues("guard").Inc()
-		}
 	case Cut:
 		m.cuts.WithLabelValues(string(d.Boundary), cutCause(d.Reason)).Inc()
-	}
-	if d.Store > 0 {
-		step := "guard"
-		if d.Result == Finished || d.Result == Cut {
-			step = "outcome"
-		}
-		m.storeLatency.WithLabelValues(t.store, step).Observe(d.Store.Seconds())
 	}
 	level := slog.LevelInfo
 	if d.Detail != "" || d.Reason == string(refusal.StoreUnavailable) || d.Reason == string(refusal.Internal) {

@@ -69,7 +69,7 @@ func TestServeConfig(t *testing.T) {
 	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
 		Chromium: "/usr/bin/chromium", DataDir: "./stopgate-data",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
-		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour,
+		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
 		MaxBody: 256 << 20}
 	if cfg != want {
 		t.Fatalf("defaults %+v, want %+v", cfg, want)

@@ -43,6 +43,9 @@ type serveConfig struct {
 	DrainTimeout time.Duration
 	AutoAdmit    bool
 	LogLevel     slog.Level
+	// LogFormat is text (logfmt-like, for a terminal) or json (for a log
+	// pipeline): every decision is one line either way.
+	LogFormat string
 	// LeaseTTL is how long an in-flight effect stays leased to this
 	// instance without renewal; a killed instance's effects turn UNKNOWN then.
 	LeaseTTL time.Duration
@@ -64,6 +67,15 @@ type serveConfig struct {
 	RunTokenSecret string
 	// RequireRunToken makes a signed token the only way a client names its run.
 	RequireRunToken bool
+}
+
+// logger writes serve's log to w in the configured format and level.
+func (c serveConfig) logger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.LogLevel}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // storeConfig is the store serve opens.
@@ -93,6 +105,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	cfg.AutoAdmit = true
 	fs.Var(boolValue{&cfg.AutoAdmit}, "auto-admit", "admit an unseen run on its first request")
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", "text", "`format` of the log: text or json (one object per line)")
 	cfg.LeaseTTL = 15 * time.Second
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
 	cfg.StoreTimeout = state.DefaultTimeout
@@ -217,6 +230,9 @@ func (c *serveConfig) validate(source map[string]string) error {
 		if d <= 0 {
 			return bad(name, "%s: want a positive duration", d)
 		}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return bad("log-format", "%q: want text or json", c.LogFormat)
 	}
 	if c.Retention < 0 {
 		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)

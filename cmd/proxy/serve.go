@@ -51,8 +51,7 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	return serve(ctx, cfg, log)
+	return serve(ctx, cfg, cfg.logger(c.stderr))
 }
 
 // serve runs stopgate until ctx ends (SIGINT, SIGTERM): it opens the store,
@@ -81,9 +80,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 // instance is one stopgate: its edges, the loops behind them, and the
 // listeners they serve on.
 type instance struct {
-	cfg      serveConfig
-	log      *slog.Logger
-	store    stores.Opened
+	cfg   serveConfig
+	log   *slog.Logger
+	store stores.Opened
+	// measured is the store as every part calls it: timed and counted.
+	measured state.Store
+	tel      *telemetry.Telemetry
 	owner    string
 	pol      policy.Policy
 	lns      *listeners
@@ -131,11 +133,13 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		return nil, err
 	}
 
-	store := opened.Store
-	inst := &instance{cfg: cfg, log: log, store: opened, owner: instanceName(), pol: pol}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind})
+	// Every part calls the store through its measure: one place times and
+	// counts the store's work, whoever asks.
+	store := tel.Store(opened.Store)
+	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol}
 	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
 		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
@@ -195,10 +199,13 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 // last.
 func (inst *instance) run(ctx context.Context) error {
 	cfg, log := inst.cfg, inst.log
-	store := inst.store.Store
+	store := inst.measured
 	loops, stopLoops := startLoops(ctx, inst.watcher, inst.ledger,
 		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout,
-			Retention: cfg.Retention, Logger: log.With("component", "sweeper")},
+			Retention: cfg.Retention, Logger: log.With("component", "sweeper"),
+			Drained: func(run state.Run) {
+				inst.tel.Metrics().Drained(string(run.Status), run.UpdatedAt.Sub(run.CancelledAt))
+			}},
 		&intents.Reconciler{Store: store, Lookups: inst.pol.Lookups, Actor: "reconciler:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
 	)
 	servers := newServers(log)
