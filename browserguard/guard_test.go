@@ -102,7 +102,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 		}},
 	} {
 		err := tc.do()
-		want := state2 + tc.method + " refused, recorded CANCELLED_BEFORE_DISPATCH"
+		want := state2 + tc.method + " refused (run_not_active), recorded CANCELLED_BEFORE_DISPATCH"
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s after the cancel: %v, want a CDP error saying %q", tc.method, err, want)
 		}

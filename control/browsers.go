@@ -17,6 +17,14 @@ import (
 // browser (no launcher configured, no Chromium, a start that failed).
 const CodeBrowserUnavailable = "browser_unavailable"
 
+// CodeBrowserLimit is the 503 of a launch past the launcher's cap on
+// browsers running at once.
+const CodeBrowserLimit = "browser_limit"
+
+// ErrBrowserLimit marks (errors.Is) a BrowserLauncher's error that refused
+// a launch because too many browsers run; the error's text says how many.
+var ErrBrowserLimit = errors.New("browser limit reached")
+
 // BrowserRequest is the body of POST /v1/runs/{run}/browsers; it may be
 // empty.
 type BrowserRequest struct {
@@ -60,7 +68,8 @@ type BrowserLaunched struct {
 
 // BrowserLauncher starts (or finds) a guarded browser for a run. Errors
 // that wrap state.ErrUnavailable, state.ErrInvalid or a *state.Conflict are
-// answered as the store's; any other is a browser that could not start.
+// answered as the store's, ErrBrowserLimit as 503 browser_limit; any other
+// is a browser that could not start.
 type BrowserLauncher func(ctx context.Context, req BrowserLaunch) (BrowserLaunched, error)
 
 // launchBrowser starts the run's guarded browser: 201 with its websocket
@@ -92,6 +101,8 @@ func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error)
 	case err == nil:
 	case errors.Is(err, state.ErrUnavailable), errors.Is(err, state.ErrInvalid), errors.As(err, &conflict):
 		return 0, nil, err
+	case errors.Is(err, ErrBrowserLimit):
+		return 0, nil, &httpError{http.StatusServiceUnavailable, CodeBrowserLimit, "no browser started for run " + id + ": " + err.Error()}
 	default:
 		h.log.Warn("control: browser launch failed", "run", id, "err", err)
 		return 0, nil, &httpError{http.StatusServiceUnavailable, CodeBrowserUnavailable, "the browser could not be started: " + err.Error()}

@@ -83,7 +83,7 @@ func TestBrowserEndToEnd(t *testing.T) {
 	s.must(t, 0, "claim", "b1", "hold", "--worker", "test")
 	s.must(t, 0, "cancel", "b1", "--reason", "operator stop")
 	err := chromedp.Do(cdp, chromedp.Navigate(site.URL+"/pay"))
-	const want = "run b1 is CANCELLING at cancel_version 2 (observed 1): Page.navigate refused, recorded CANCELLED_BEFORE_DISPATCH"
+	const want = "run b1 is CANCELLING at cancel_version 2 (observed 1): Page.navigate refused (run_not_active), recorded CANCELLED_BEFORE_DISPATCH"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("navigate after the cancel: %v, want a CDP error saying %q", err, want)
 	}
@@ -113,7 +113,8 @@ func TestBrowserEndToEnd(t *testing.T) {
 		{state.BoundaryBrowser, "Page.navigate", site.URL + "/checkout", state.IntentResponded},
 		{state.BoundaryHTTP, "GET", site.URL + "/checkout", state.IntentResponded},
 		{state.BoundaryBrowser, "Page.navigate", site.URL + "/pay", state.IntentCancelledBeforeDispatch},
-		{state.BoundaryBrowser, "launch", "chromium:" + chromium, state.IntentCancelledBeforeDispatch},
+		// Asked again while its browser runs: an attach, refused.
+		{state.BoundaryBrowser, "attach", "chromium:" + chromium, state.IntentCancelledBeforeDispatch},
 	} {
 		if !has(w.boundary, w.method, w.target, w.st) {
 			t.Errorf("audit lacks %s %s %s %s:\n%s", w.boundary, w.method, w.target, w.st, s.must(t, 0, "audit", "b1"))

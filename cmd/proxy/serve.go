@@ -191,7 +191,8 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 	closeListeners := func() { _ = ln.Close(); _ = bln.Close() }
 	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
 		Chromium: cfg.Chromium, Store: store, Ledger: ledger, Egress: egress.ForRun, GuardAddr: bln.Addr().String(),
-		AutoAdmit: cfg.AutoAdmit, RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "launcher"),
+		AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
+		RecheckInterval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "launcher"),
 	})
 	if err != nil {
 		closeListeners()
@@ -237,7 +238,7 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
 	go func() { serveErr <- bsrv.Serve(bln) }()
-	log.Info("browser guard serving", "addr", bln.Addr().String(), "chromium", cfg.Chromium)
+	log.Info("browser guard serving", "addr", bln.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
@@ -253,6 +254,9 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		tokens:        tokens,
 		browsers: func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
 			b, err := launcher.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
+			if errors.Is(err, browserguard.ErrBrowserLimit) {
+				err = browserLimit{err}
+			}
 			return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
 		},
 		stop: func(ctx context.Context) error {
@@ -285,6 +289,12 @@ func startComponents(ctx context.Context, cfg serveConfig, store state.Store, lo
 		},
 	}, nil
 }
+
+// browserLimit is the launcher's refusal past its cap on browsers, as the
+// control API knows it; its text is the launcher's.
+type browserLimit struct{ error }
+
+func (browserLimit) Is(target error) bool { return target == control.ErrBrowserLimit }
 
 // instanceName names this process in leases and the audit log; the random
 // part keeps a restarted process (same host, maybe same pid) apart from
