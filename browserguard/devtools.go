@@ -228,7 +228,10 @@ func (d *DevTools) read() {
 			d.route(frame)
 		}
 	}
-	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+	d.mu.Lock()
+	closing := d.closed
+	d.mu.Unlock()
+	if !closing && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		d.log.Warn("reading the browser's DevTools pipe failed; closing it", "err", err)
 	}
 	d.close(websocket.StatusInternalError, "stopgate: the browser's DevTools pipe closed (the browser exited)")
@@ -482,11 +485,8 @@ func (a *attachment) owns(session string) bool {
 // client's root session.
 func (a *attachment) send(c command, frame []byte) error {
 	if c.SessionID == "" {
-		if c.HasSession {
-			frame = dropMember(frame, c.session)
-		}
 		var err error
-		if frame, err = withMember(frame, memberSessionID, a.root); err != nil {
+		if frame, err = inSession(c, frame, a.root); err != nil {
 			return err
 		}
 	}
@@ -496,6 +496,15 @@ func (a *attachment) send(c command, frame []byte) error {
 		a.d.mu.Unlock()
 	}
 	return a.d.write(frame)
+}
+
+// inSession is a root frame of a client, read as c, sent in session
+// instead: its sessionId member ("" or none) becomes the session's.
+func inSession(c command, frame []byte, session string) ([]byte, error) {
+	if c.HasSession {
+		frame = dropMember(frame, c.session)
+	}
+	return withMember(frame, memberSessionID, session)
 }
 
 // deliver queues a frame for the client; one that does not keep up is

@@ -306,6 +306,45 @@ func errorFrame(c command, code int, message, data string) []byte {
 	return b
 }
 
+// scriptMethods run script and answer with the script's exception when it
+// throws.
+var scriptMethods = map[string]bool{
+	"Runtime.evaluate": true, "Runtime.callFunctionOn": true, "Runtime.runScript": true, "Debugger.evaluateOnCallFrame": true,
+}
+
+// refusalFrame is the guard's answer to a command it read and refused. A
+// script evaluation is answered as one that threw an Error with the
+// message: clients report a script's exception as it is, while some
+// (Playwright) replace a protocol error of an evaluation with a guess of
+// their own ("Execution context was destroyed"), which would hide why.
+func refusalFrame(c command, message, data string) []byte {
+	if !scriptMethods[c.Method] {
+		return errorFrame(c, codeServerError, message, data)
+	}
+	// As Chromium describes a thrown Error, without an object id: there
+	// is no object in the page to refer to.
+	exception := map[string]string{"type": "object", "subtype": "error", "className": "Error", "description": "Error: " + message}
+	answer := map[string]any{
+		"result": map[string]any{
+			"result": exception,
+			"exceptionDetails": map[string]any{
+				"exceptionId": 1, "text": "Uncaught", "lineNumber": 0, "columnNumber": 0, "exception": exception,
+			},
+		},
+	}
+	if c.HasID {
+		answer["id"] = c.ID
+	}
+	if c.SessionID != "" {
+		answer["sessionId"] = c.SessionID
+	}
+	b, err := json.Marshal(answer)
+	if err != nil {
+		return errorFrame(c, codeServerError, message, data)
+	}
+	return b
+}
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s

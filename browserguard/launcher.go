@@ -397,6 +397,8 @@ func chromiumArgs(profile, proxyAddr string) []string {
 	return []string{
 		// chromedp's defaults.
 		"--headless",
+		"--hide-scrollbars",
+		"--mute-audio",
 		"--no-first-run",
 		"--no-default-browser-check",
 		"--disable-background-networking",
@@ -425,7 +427,6 @@ func chromiumArgs(profile, proxyAddr string) []string {
 		// is the network one.
 		"--no-sandbox",
 		"--disable-gpu",
-		"--mute-audio",
 		// No background traffic of its own.
 		"--disable-component-update",
 		"--component-updater=url-source=" + unreachableURL,

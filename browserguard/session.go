@@ -196,13 +196,13 @@ func (s *session) handle(data []byte) {
 		} else {
 			s.log.Warn("guard failed: refusing the action (fail closed)", "method", c.Method, "err", err)
 		}
-		s.answer(errorFrame(c, codeServerError, msg, ""))
+		s.answer(refusalFrame(c, msg, ""))
 		return
 	}
 	if !res.Admitted {
 		s.log.Info("action refused", "method", c.Method, "refusal", res.Refusal, "status", res.Run.Status,
 			"cancel_version", res.Run.CancelVersion, "observed_version", s.version, "intent", res.Intent.Key)
-		s.answer(errorFrame(c, codeServerError, refusalText(s.run, s.version, c.Method+" refused", res),
+		s.answer(refusalFrame(c, refusalText(s.run, s.version, c.Method+" refused", res),
 			"refusal="+res.Refusal+" intent="+res.Intent.Key))
 		return
 	}
