@@ -142,7 +142,17 @@ func TestBrowserLingersAfterTheRunIsOver(t *testing.T) {
 	if a := c.call(page, "Page.navigate", map[string]any{"url": up.URL + "/"}); a.Error != nil {
 		t.Fatalf("navigate while ACTIVE: %+v", a.Error)
 	}
-	eventually(t, 5*time.Second, "the page loads", func() bool { return up.hits.Load() == 1 })
+	// Loaded, not only requested: a page still committing its navigation
+	// answers reads with "Not attached to an active page".
+	eventually(t, 20*time.Second, "the page is loaded", func() bool {
+		a := c.call(page, "DOM.getDocument", map[string]any{"depth": 0})
+		var doc struct {
+			Root struct {
+				DocumentURL string `json:"documentURL"`
+			} `json:"root"`
+		}
+		return a.Error == nil && json.Unmarshal(a.Result, &doc) == nil && doc.Root.DocumentURL == up.URL+"/"
+	})
 
 	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "l1", Actor: "test", Reason: "operator stop"}); err != nil {
 		t.Fatal(err)
