@@ -13,7 +13,9 @@ run: build
 test-deps:
 	./scripts/test-deps
 
-# Every test, against a real redis-server the tests start themselves.
+# Every test, against a real redis-server the tests start themselves, a real
+# Chromium, and the real CDP clients test-deps installs (puppeteer-core,
+# playwright-core).
 test: test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...

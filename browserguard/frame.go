@@ -21,6 +21,9 @@ const (
 	// codeServerError: a command the guard read and refused (the run is not
 	// ACTIVE, the store did not answer).
 	codeServerError = -32000
+	// codeSessionNotFound: a command in a session that is not the
+	// connection's, as Chromium answers one in a session it does not know.
+	codeSessionNotFound = -32001
 )
 
 // command is what the guard reads of one client frame. The frame itself is
@@ -30,6 +33,10 @@ type command struct {
 	HasID     bool
 	Method    string
 	SessionID string
+	// HasSession is set when the frame names a session, even "" (which
+	// clients may send for the browser's own session); session is where.
+	HasSession bool
+	session    member
 	// Params is the raw params object, or nil when the frame has none.
 	Params json.RawMessage
 }
@@ -61,11 +68,32 @@ const (
 	memberError     = "error"
 )
 
+// member is one top-level member of a frame: its raw value, and the bytes
+// that removing it takes out (see dropMember).
+type member struct {
+	raw json.RawMessage
+	// start and end bound the member in the frame: from the end of the
+	// value before it (or the opening brace) to the end of its own value,
+	// so that a member after the first takes its leading comma with it.
+	start, end int
+	first      bool
+}
+
 // topLevel walks one JSON object and returns the raw values of the wanted
 // members. On a malformed frame it returns what it read before the fault
 // with the error, so that an answer can still carry the frame's id.
 func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error) {
-	got := make(map[string]json.RawMessage, len(wanted))
+	ms, err := members(data, wanted...)
+	got := make(map[string]json.RawMessage, len(ms))
+	for name, m := range ms {
+		got[name] = m.raw
+	}
+	return got, err
+}
+
+// members is topLevel with where each member lies in the frame.
+func members(data []byte, wanted ...string) (map[string]member, error) {
+	got := make(map[string]member, len(wanted))
 	if !utf8.Valid(data) {
 		return got, badFrame("frame is not valid UTF-8")
 	}
@@ -78,6 +106,8 @@ func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error)
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return got, badFrame("frame is not a JSON object")
 	}
+	prevEnd := int(dec.InputOffset())
+	first := true
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -91,6 +121,7 @@ func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error)
 		if err := dec.Decode(&raw); err != nil {
 			return got, badFrame("frame is not JSON: value of %q: %v", name, err)
 		}
+		end := int(dec.InputOffset())
 		for _, w := range wanted {
 			if name != w {
 				continue
@@ -98,8 +129,9 @@ func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error)
 			if _, dup := got[name]; dup {
 				return got, badFrame("member %q appears twice", name)
 			}
-			got[name] = raw
+			got[name] = member{raw: raw, start: prevEnd, end: end, first: first}
 		}
+		prevEnd, first = end, false
 	}
 	if _, err := dec.Token(); err != nil {
 		return got, badFrame("frame is not JSON: %v", err)
@@ -108,6 +140,44 @@ func topLevel(data []byte, wanted ...string) (map[string]json.RawMessage, error)
 		return got, badFrame("frame has data after its JSON object")
 	}
 	return got, nil
+}
+
+// dropMember returns a copy of the frame without m, which members found in
+// it.
+func dropMember(data []byte, m member) []byte {
+	out := make([]byte, 0, len(data))
+	out = append(out, data[:m.start]...)
+	rest := data[m.end:]
+	if m.first {
+		// The first member has no comma before it: take the one after it.
+		rest = bytes.TrimLeft(rest, " \t\r\n")
+		rest = bytes.TrimPrefix(rest, []byte(","))
+	}
+	return append(out, rest...)
+}
+
+// withMember returns a copy of a frame (a JSON object with at least one
+// member, which it does not already have) with "name":value first.
+func withMember(data []byte, name string, value any) ([]byte, error) {
+	i := bytes.IndexByte(data, '{')
+	if i < 0 {
+		return nil, errors.New("frame is not a JSON object")
+	}
+	k, err := json.Marshal(name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := json.Marshal(value)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(data)+len(k)+len(v)+2)
+	out = append(out, data[:i+1]...)
+	out = append(out, k...)
+	out = append(out, ':')
+	out = append(out, v...)
+	out = append(out, ',')
+	return append(out, data[i+1:]...), nil
 }
 
 // readID reads a CDP id: a JSON integer that fits Chromium's 32-bit ids.
@@ -131,9 +201,9 @@ func readString(name string, raw json.RawMessage) (string, error) {
 // the id if one could be read, for the error answer.
 func parseCommand(data []byte) (command, error) {
 	var c command
-	m, err := topLevel(data, memberID, memberMethod, memberSessionID, memberParams)
-	if raw, ok := m[memberID]; ok {
-		if id, idErr := readID(raw); idErr == nil {
+	m, err := members(data, memberID, memberMethod, memberSessionID, memberParams)
+	if mm, ok := m[memberID]; ok {
+		if id, idErr := readID(mm.raw); idErr == nil {
 			c.ID, c.HasID = id, true
 		} else if err == nil {
 			err = idErr
@@ -145,23 +215,24 @@ func parseCommand(data []byte) (command, error) {
 	if !c.HasID {
 		return c, badFrame("command has no id")
 	}
-	raw, ok := m[memberMethod]
+	mm, ok := m[memberMethod]
 	if !ok {
 		return c, badFrame("command %d has no method", c.ID)
 	}
-	if c.Method, err = readString("method", raw); err != nil {
+	if c.Method, err = readString("method", mm.raw); err != nil {
 		return c, err
 	}
-	if raw, ok := m[memberSessionID]; ok {
-		if c.SessionID, err = readString("sessionId", raw); err != nil {
+	if mm, ok := m[memberSessionID]; ok {
+		if c.SessionID, err = readString("sessionId", mm.raw); err != nil {
 			return c, err
 		}
+		c.HasSession, c.session = true, mm
 	}
-	if raw, ok := m[memberParams]; ok && string(raw) != "null" {
-		if raw[0] != '{' {
+	if mm, ok := m[memberParams]; ok && string(mm.raw) != "null" {
+		if mm.raw[0] != '{' {
 			return c, badFrame("params of command %d is not an object", c.ID)
 		}
-		c.Params = raw
+		c.Params = mm.raw
 	}
 	return c, nil
 }
@@ -233,6 +304,45 @@ func errorFrame(c command, code int, message, data string) []byte {
 	if err != nil {
 		// Only strings and ints: cannot fail. Say so rather than send nothing.
 		return []byte(`{"error":{"code":-32603,"message":"stopgate: encoding an error answer failed"}}`)
+	}
+	return b
+}
+
+// scriptMethods run script and answer with the script's exception when it
+// throws.
+var scriptMethods = map[string]bool{
+	"Runtime.evaluate": true, "Runtime.callFunctionOn": true, "Runtime.runScript": true, "Debugger.evaluateOnCallFrame": true,
+}
+
+// refusalFrame is the guard's answer to a command it read and refused. A
+// script evaluation is answered as one that threw an Error with the
+// message: clients report a script's exception as it is, while some
+// (Playwright) replace a protocol error of an evaluation with a guess of
+// their own ("Execution context was destroyed"), which would hide why.
+func refusalFrame(c command, message, data string) []byte {
+	if !scriptMethods[c.Method] {
+		return errorFrame(c, codeServerError, message, data)
+	}
+	// As Chromium describes a thrown Error, without an object id: there
+	// is no object in the page to refer to.
+	exception := map[string]string{"type": "object", "subtype": "error", "className": "Error", "description": "Error: " + message}
+	answer := map[string]any{
+		"result": map[string]any{
+			"result": exception,
+			"exceptionDetails": map[string]any{
+				"exceptionId": 1, "text": "Uncaught", "lineNumber": 0, "columnNumber": 0, "exception": exception,
+			},
+		},
+	}
+	if c.HasID {
+		answer["id"] = c.ID
+	}
+	if c.SessionID != "" {
+		answer["sessionId"] = c.SessionID
+	}
+	b, err := json.Marshal(answer)
+	if err != nil {
+		return errorFrame(c, codeServerError, message, data)
 	}
 	return b
 }

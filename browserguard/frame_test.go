@@ -105,5 +105,77 @@ func FuzzParseCommand(f *testing.F) {
 			t.Fatalf("%q: guard read method %q, a decoder reads %q (%v)", data, c.Method, method, err)
 		}
 		_ = errorFrame(c, codeInvalidRequest, "x", "")
+		_ = refusalFrame(c, "x", "")
+
+		// Sent in the connection's own session, the frame says the same
+		// to the browser, with that session and no other.
+		if c.SessionID != "" {
+			return
+		}
+		sent, err := inSession(c, data, "S1")
+		if err != nil {
+			t.Fatalf("%q: in a session: %v", data, err)
+		}
+		again, err := parseCommand(sent)
+		if err != nil {
+			t.Fatalf("%q sent as %q, which the guard cannot read: %v", data, sent, err)
+		}
+		if again.ID != c.ID || again.Method != c.Method || again.SessionID != "S1" || string(again.Params) != string(c.Params) {
+			t.Fatalf("%q sent as %q reads %+v, want %+v in session S1", data, sent, again, c)
+		}
 	})
+}
+
+func TestFramesMoveBetweenSessions(t *testing.T) {
+	for _, tc := range []struct{ frame, want string }{
+		{`{"id":1,"result":{},"sessionId":"B"}`, `{"id":1,"result":{}}`},
+		{`{"sessionId":"B","id":1,"result":{}}`, `{"id":1,"result":{}}`},
+		{`{ "sessionId" : "B" , "method":"Page.loadEventFired","params":{}}`, `{ "method":"Page.loadEventFired","params":{}}`},
+		{`{"method":"X","sessionId":"B","params":{"sessionId":"C"}}`, `{"method":"X","params":{"sessionId":"C"}}`},
+	} {
+		m, err := members([]byte(tc.frame), memberSessionID)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.frame, err)
+		}
+		if got := string(dropMember([]byte(tc.frame), m[memberSessionID])); got != tc.want {
+			t.Errorf("drop sessionId from %s: %s, want %s", tc.frame, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ frame, want string }{
+		{`{"id":3,"method":"Page.navigate"}`, `{"sessionId":"S","id":3,"method":"Page.navigate"}`},
+		{` {"sessionId":"","id":3,"method":"Page.navigate"}`, ` {"sessionId":"S","id":3,"method":"Page.navigate"}`},
+		{`{"id":3,"sessionId":"","method":"Page.navigate"}`, `{"sessionId":"S","id":3,"method":"Page.navigate"}`},
+	} {
+		c, err := parseCommand([]byte(tc.frame))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.frame, err)
+		}
+		got, err := inSession(c, []byte(tc.frame), "S")
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s in session S: %s %v, want %s", tc.frame, got, err, tc.want)
+		}
+	}
+}
+
+func TestScriptRefusalsAreExceptions(t *testing.T) {
+	var got struct {
+		ID     int64  `json:"id"`
+		Sess   string `json:"sessionId"`
+		Result struct {
+			ExceptionDetails struct {
+				Exception struct {
+					Subtype     string `json:"subtype"`
+					Description string `json:"description"`
+				} `json:"exception"`
+			} `json:"exceptionDetails"`
+		} `json:"result"`
+	}
+	frame := refusalFrame(command{ID: 7, HasID: true, Method: "Runtime.callFunctionOn", SessionID: "P"}, "stopgate: no", "")
+	if err := json.Unmarshal(frame, &got); err != nil || got.ID != 7 || got.Sess != "P" ||
+		got.Result.ExceptionDetails.Exception.Subtype != "error" || got.Result.ExceptionDetails.Exception.Description != "Error: stopgate: no" {
+		t.Errorf("script refusal: %s", frame)
+	}
+	if frame := string(refusalFrame(command{ID: 8, HasID: true, Method: "Page.navigate"}, "stopgate: no", "d")); frame != `{"id":8,"error":{"code":-32000,"message":"stopgate: no","data":"d"}}` {
+		t.Errorf("navigation refusal: %s", frame)
+	}
 }

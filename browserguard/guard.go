@@ -3,13 +3,16 @@
 // launcher that starts a headless Chromium for a run with its network bound
 // to the egress proxy under that run.
 //
-// It owns the CDP connections and the launched browsers: every action
-// command (navigation, input, script, uploads, new targets, released
-// requests; see isAction) passes the one atomic guard through the intents
-// ledger before a byte of it reaches the browser, and is recorded with its
-// outcome; after a cancel the run's actions get a CDP error naming the
-// run's state, and once the run is over its connections are closed and its
-// browser is killed.
+// It owns the CDP connections and the launched browsers. A launched
+// browser listens on no port: its only DevTools connection is a pipe that
+// the launcher holds, so the guard is the only way to drive it. Every
+// action command (navigation, input, script, uploads, new targets,
+// released requests; see isAction) passes the one atomic guard through the
+// intents ledger before a byte of it reaches the browser, and is recorded
+// with its outcome; after a cancel the run's actions get a CDP error naming
+// the run's state and the refusal. Once the run is over its browser lingers
+// (reads still work, actions are refused), then it is stopped and its
+// connections are closed with the refusal as their close reason.
 //
 // It never forwards an action the guard did not admit, and never forwards
 // a frame it cannot read the way the browser will (bad JSON, binary, too
@@ -23,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -47,28 +49,21 @@ const (
 	// largest real ones (setDocumentContent, a file list, a long script)
 	// stay far below it.
 	DefaultMaxMessage = 16 << 20
-	// maxBrowserMessage bounds a browser frame: screenshots, PDFs and whole
-	// DOMs come this way and may be large. Past it the connection closes.
-	maxBrowserMessage = 512 << 20
-	// browserFetchTimeout bounds reading /json/version from the browser and
-	// dialling its websocket.
+	// browserFetchTimeout bounds the guard's own calls to the browser:
+	// what /json/* serve, opening and closing a connection's session.
 	browserFetchTimeout = 5 * time.Second
-	// maxBrowserJSON bounds the /json/* answers read from the browser.
-	maxBrowserJSON = 4 << 20
 )
 
 // Config wires a Guard.
 type Config struct {
-	// Store is read when a client connects: a run that is over gets
-	// nothing to connect to.
+	// Store is read when a client connects, to know whether its run is over.
 	Store  state.Store
 	Ledger *intents.Ledger
-	// Watcher carries the rows of runs with open connections to the
-	// guard, which closes them once the run is over.
+	// Watcher carries the rows of runs with open connections to the guard.
 	Watcher *runwatch.Watcher
-	// Browsers finds the DevTools address (host:port) of the browser that
-	// serves a run: Launcher.DevTools.
-	Browsers func(run string) (addr string, ok bool)
+	// Browsers finds the DevTools connection of the browser that serves a
+	// run: Launcher.DevTools.
+	Browsers func(run string) (*DevTools, bool)
 	// AutoAdmit admits an unseen run on its first action (never a tombstone).
 	AutoAdmit bool
 	// MaxMessage bounds a client frame (DefaultMaxMessage when zero);
@@ -84,9 +79,6 @@ type Guard struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
-	// hc reaches the browser's DevTools endpoint directly: no proxy from
-	// the environment (a sidecar may inherit its worker's HTTP_PROXY).
-	hc *http.Client
 
 	mu       sync.Mutex
 	sessions map[string]map[*session]struct{}
@@ -110,7 +102,6 @@ func New(cfg Config) (*Guard, error) {
 	}
 	g := &Guard{
 		cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(),
-		hc:       &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}, Timeout: browserFetchTimeout},
 		sessions: map[string]map[*session]struct{}{},
 	}
 	const prefix = "GET /run/{run}/{version}"
@@ -170,140 +161,147 @@ func guardedPrefix(run string, version int64) string {
 	return "/run/" + run + "/" + strconv.FormatInt(version, 10)
 }
 
-// browserFor answers the errors common to every endpoint: a bad path, no
-// browser for the run.
-func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (run string, version int64, addr string, ok bool) {
+// browserFor answers the errors common to the /json endpoints: a bad
+// path, no browser for the run.
+func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (run string, version int64, d *DevTools, ok bool) {
 	run, version, err := runOf(r)
 	if err != nil {
 		refusal.Wrap(err, refusal.BadRunIdentity, "%v", err).WriteHTTP(w)
-		return "", 0, "", false
+		return "", 0, nil, false
 	}
-	addr, ok = g.cfg.Browsers(run)
+	d, ok = g.cfg.Browsers(run)
 	if !ok {
-		refusal.New(refusal.NoBrowser, "no browser is running for run %s: start one with stopgate browser --run %s (POST /v1/runs/%s/browsers)",
-			run, run, run).WriteHTTP(w)
-		return "", 0, "", false
+		noBrowser(run).WriteHTTP(w)
+		return "", 0, nil, false
 	}
-	return run, version, addr, true
+	return run, version, d, true
 }
 
-// jsonVersion serves the browser's /json/version with its websocket URL
-// pointing at the guard, for clients that discover the browser from an
-// HTTP endpoint (Playwright's and Puppeteer's connectOverCDP).
+func noBrowser(run string) *refusal.Refusal {
+	return refusal.New(refusal.NoBrowser, "no browser is running for run %s: start one with stopgate browser --run %s (POST /v1/runs/%s/browsers)", run, run, run)
+}
+
+// jsonVersion answers /json/version as Chromium would, with the websocket
+// URL of the guard, for clients that discover the browser from an HTTP
+// endpoint (Playwright's connectOverCDP).
 func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
-	run, version, addr, ok := g.browserFor(w, r)
+	run, version, d, ok := g.browserFor(w, r)
 	if !ok {
 		return
 	}
-	var doc map[string]any
-	if err := g.browserJSON(r.Context(), addr, "/json/version", &doc); err != nil {
-		refusal.Wrap(err, refusal.BrowserUnreachable, "%v", err).WriteHTTP(w)
+	ctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
+	defer cancel()
+	v, err := d.version(ctx)
+	if err != nil {
+		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer Browser.getVersion: %v", err).WriteHTTP(w)
 		return
 	}
-	rewriteWS(doc, r.Host, guardedPrefix(run, version))
-	writeJSON(w, http.StatusOK, doc)
+	writeJSON(w, http.StatusOK, map[string]string{
+		"Browser":              v.Product,
+		"Protocol-Version":     v.ProtocolVersion,
+		"User-Agent":           v.UserAgent,
+		"V8-Version":           v.JsVersion,
+		"WebKit-Version":       v.Revision,
+		"webSocketDebuggerUrl": guardedWS(r.Host, run, version, "/devtools/browser/"+d.BrowserID()),
+	})
 }
 
-// jsonList serves the browser's target list with guarded websocket URLs,
-// for clients that connect to page endpoints. The DevTools frontend URLs
-// point at the browser itself, around the guard, and are left out.
+// jsonList answers /json/list as Chromium would, with guarded websocket
+// URLs, for clients that connect to page endpoints. There is no DevTools
+// frontend to point at: the browser serves none.
 func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
-	run, version, addr, ok := g.browserFor(w, r)
+	run, version, d, ok := g.browserFor(w, r)
 	if !ok {
 		return
 	}
-	var list []map[string]any
-	if err := g.browserJSON(r.Context(), addr, "/json/list", &list); err != nil {
-		refusal.Wrap(err, refusal.BrowserUnreachable, "%v", err).WriteHTTP(w)
+	ctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
+	defer cancel()
+	infos, err := d.targets(ctx)
+	if err != nil {
+		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer Target.getTargets: %v", err).WriteHTTP(w)
 		return
 	}
-	for _, t := range list {
-		rewriteWS(t, r.Host, guardedPrefix(run, version))
-		for k := range t {
-			if strings.HasPrefix(k, "devtoolsFrontendUrl") {
-				delete(t, k)
-			}
+	list := []map[string]string{}
+	for _, t := range infos {
+		switch t.Type {
+		case "browser", "browser_ui", "tab":
+			// Not what Chromium lists either.
+			continue
 		}
+		list = append(list, map[string]string{
+			"description": "", "id": string(t.TargetID), "title": t.Title, "type": t.Type, "url": t.URL,
+			"webSocketDebuggerUrl": guardedWS(r.Host, run, version, "/devtools/page/"+string(t.TargetID)),
+		})
 	}
 	writeJSON(w, http.StatusOK, list)
 }
 
-func (g *Guard) browserJSON(ctx context.Context, addr, path string, dst any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		return fmt.Errorf("browser at %s: %w", addr, err)
-	}
-	resp, err := g.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("browser at %s did not answer %s: %w", addr, path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("browser at %s answered %s to %s", addr, resp.Status, path)
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBrowserJSON)).Decode(dst); err != nil {
-		return fmt.Errorf("browser at %s: reading %s: %w", addr, path, err)
-	}
-	return nil
+// guardedWS is a websocket URL of the guard on the host the client used.
+func guardedWS(host, run string, version int64, path string) string {
+	return (&url.URL{Scheme: "ws", Host: host, Path: guardedPrefix(run, version) + path}).String()
 }
 
-// rewriteWS points a webSocketDebuggerUrl at the guard: the same path
-// (/devtools/browser/ID), under the run's prefix, on the host the client
-// used to reach the guard.
-func rewriteWS(doc map[string]any, host, prefix string) {
-	raw, ok := doc["webSocketDebuggerUrl"].(string)
-	if !ok {
-		return
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		delete(doc, "webSocketDebuggerUrl")
-		return
-	}
-	doc["webSocketDebuggerUrl"] = (&url.URL{Scheme: "ws", Host: host, Path: prefix + u.Path}).String()
-}
-
-// serveCDP serves /devtools/{kind}/{id}: it checks the run, dials the
-// browser, then carries frames both ways until either side goes, the run
-// is over, or the guard closes.
+// serveCDP serves /devtools/{kind}/{id}: it checks the run, opens the
+// connection's session on the browser's pipe, then carries frames both
+// ways until either side goes, the browser stops, or the guard closes.
 func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		run, version, addr, ok := g.browserFor(w, r)
-		if !ok {
+		run, version, err := runOf(r)
+		if err != nil {
+			refusal.Wrap(err, refusal.BadRunIdentity, "%v", err).WriteHTTP(w)
 			return
 		}
 		// Connecting is not an effect, so a run nobody admitted yet may
-		// connect (its first action admits it, or is refused). A run that
-		// is over gets nothing to connect to.
+		// connect (its first action admits it, or is refused), and so may
+		// a run that is over while its browser lingers: to look, since
+		// its actions are refused.
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.StoreTimeout)
 		row, err := g.cfg.Store.Get(ctx, run)
 		cancel()
-		switch {
-		case errors.Is(err, state.ErrNotFound):
-		case err != nil:
+		if err != nil && !errors.Is(err, state.ErrNotFound) {
 			refusal.FromError(err).WriteHTTP(w)
 			return
-		case row.Over():
-			rf := refusal.New(refusal.RunNotActive, "run %s is %s at cancel_version %d: its browser connections are closed", run, row.Status, row.CancelVersion)
-			rf.RunID, rf.Run, rf.ObservedVersion = run, &row, version
-			rf.WriteHTTP(w)
+		}
+		isOver := err == nil && row.Over()
+		d, ok := g.cfg.Browsers(run)
+		switch {
+		case !ok && isOver:
+			refusal.Over(row, "connection refused, its browser was stopped").WriteHTTP(w)
+			return
+		case !ok:
+			noBrowser(run).WriteHTTP(w)
 			return
 		}
-
-		target := "ws://" + addr + "/devtools/" + kind + "/" + url.PathEscape(r.PathValue("id"))
-		dctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
-		browser, _, err := websocket.Dial(dctx, target, &websocket.DialOptions{HTTPClient: g.hc})
+		id := r.PathValue("id")
+		targetID := ""
+		if kind == "page" {
+			targetID = id
+		} else if id != d.BrowserID() {
+			refusal.New(refusal.NoBrowser, "the browser of run %s is /devtools/browser/%s, not %s (stopgate browser --run %s prints its URL)",
+				run, d.BrowserID(), id, run).WriteHTTP(w)
+			return
+		}
+		actx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
+		att, err := d.attach(actx, targetID)
 		cancel()
 		if err != nil {
-			refusal.Wrap(err, refusal.BrowserUnreachable, "browser DevTools at %s: %v", target, err).WriteHTTP(w)
+			if kind == "page" && !errors.Is(err, errDevToolsClosed) {
+				refusal.Wrap(err, refusal.NotFound, "no page %s in the browser of run %s: %v", id, run, err).WriteHTTP(w)
+				return
+			}
+			refusal.Wrap(err, refusal.BrowserUnreachable, "the browser of run %s: %v", run, err).WriteHTTP(w)
 			return
 		}
-		browser.SetReadLimit(maxBrowserMessage)
+		detach := func() {
+			dctx, cancel := context.WithTimeout(context.Background(), browserFetchTimeout)
+			att.detach(dctx)
+			cancel()
+		}
 		// Accept checks Origin against Host: a web page cannot open a CDP
 		// connection to the guard (CDP clients send no Origin).
 		client, err := websocket.Accept(w, r, nil)
 		if err != nil {
-			_ = browser.CloseNow()
+			detach()
 			g.log.Debug("websocket upgrade refused", "run", run, "err", err)
 			return
 		}
@@ -311,14 +309,19 @@ func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 		// dropped; past four times that, the connection is closed (1009).
 		client.SetReadLimit(4 * g.cfg.MaxMessage)
 
-		s := newSession(g, run, version, client, browser)
+		s := newSession(g, run, version, client, att)
 		if !g.add(s) {
 			_ = client.Close(websocket.StatusGoingAway, "stopgate is shutting down")
-			_ = browser.CloseNow()
+			detach()
 			return
 		}
 		defer g.remove(s)
-		g.log.Info("CDP connection open", "run", run, "observed_version", version, "endpoint", kind)
+		if isOver {
+			s.noteOver(refusal.Over(row, "browser closed"))
+			g.log.Info("CDP connection open for reads: the run is over, its actions are refused", "run", run, "status", row.Status, "endpoint", kind)
+		} else {
+			g.log.Info("CDP connection open", "run", run, "observed_version", version, "endpoint", kind)
+		}
 		s.serve()
 	}
 }
@@ -387,16 +390,18 @@ func (g *Guard) Connections() int {
 	return n
 }
 
-// Enforce closes the connections of a run that is over. While a run is
-// CANCELLING its connections stay open, for reads; its actions are refused
-// by the guard one by one.
+// Enforce takes a run's new row to its connections: once the run is over,
+// each will be closed with the refusal as its reason, whatever closes it.
+// While a run is CANCELLING, and after it is over while its browser
+// lingers, its connections stay open for reads; its actions are refused by
+// the guard one by one. The launcher stops the browser of a run that is
+// over, which closes them.
 func (g *Guard) Enforce(row state.Run) {
 	if !row.Over() {
 		return
 	}
 	for _, s := range g.of(row.ID) {
-		g.log.Info("closing CDP connection: run is over", "run", row.ID, "status", row.Status, "cancel_version", row.CancelVersion)
-		s.end(websocket.StatusPolicyViolation, fmt.Sprintf("stopgate: run %s is %s", row.ID, row.Status))
+		s.noteOver(refusal.Over(row, "browser closed"))
 	}
 }
 

@@ -103,6 +103,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 		}},
 	} {
 		err := tc.do()
+		t.Logf("chromedp %s after the cancel: %v", tc.method, err)
 		want := "stopgate refused " + tc.method + ": " + state2
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s after the cancel: %v, want a CDP error saying %q", tc.method, err, want)
@@ -139,6 +140,11 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 	if _, _, err := websocket.Dial(testCtx(t), ws, nil); err == nil {
 		t.Fatal("a new CDP connection for the CANCELLED run was accepted")
 	}
+	err := chromedp.Do(ctx, chromedp.Navigate(up.URL+"/closed"))
+	if err == nil {
+		t.Fatal("chromedp navigated after its connection closed")
+	}
+	t.Logf("chromedp after the browser stopped: %v", err)
 }
 
 // TestBadFramesGetCDPErrors: whatever a client sends, a frame the guard
@@ -231,10 +237,10 @@ func storeDown(t *testing.T, store state.Store, down func()) {
 		{"Input.insertText", map[string]any{"text": "hello"}},
 	} {
 		a := c.call(page, cmd.method, cmd.params)
-		if a.Error == nil || a.Error.Code != -32000 || !strings.Contains(a.Error.Message, "store did not answer") ||
-			!strings.HasPrefix(a.Error.Message, "stopgate refused "+cmd.method+": store_unavailable:") ||
-			!strings.Contains(a.Error.Message, "nothing was done (fail closed)") || !strings.Contains(a.Error.Message, "run r3") {
-			t.Errorf("%s with the store down: %+v %s, want a CDP error saying the store did not answer", cmd.method, a.Error, a.Result)
+		msg := refusalOf(a)
+		if !strings.Contains(msg, "store did not answer") || !strings.HasPrefix(msg, "stopgate refused "+cmd.method+": store_unavailable:") ||
+			!strings.Contains(msg, "nothing was done (fail closed)") || !strings.Contains(msg, "run r3") {
+			t.Errorf("%s with the store down: %+v %s, want a refusal saying the store did not answer", cmd.method, a.Error, a.Result)
 		}
 	}
 	if a := c.call(page, "DOM.getDocument", nil); a.Error != nil {
@@ -244,6 +250,29 @@ func storeDown(t *testing.T, store state.Store, down func()) {
 	if n := up.hits.Load(); n != 1 {
 		t.Fatalf("the site saw %d requests, want 1: something went out unguarded", n)
 	}
+}
+
+// refusalOf is the guard's refusal in an answer: a CDP error (-32000), or,
+// for a script evaluation, the Error the script is answered as having
+// thrown; "" when the answer is neither.
+func refusalOf(a answer) string {
+	if a.Error != nil {
+		if a.Error.Code != -32000 {
+			return ""
+		}
+		return a.Error.Message
+	}
+	var r struct {
+		ExceptionDetails *struct {
+			Exception struct {
+				Description string `json:"description"`
+			} `json:"exception"`
+		} `json:"exceptionDetails"`
+	}
+	if json.Unmarshal(a.Result, &r) != nil || r.ExceptionDetails == nil {
+		return ""
+	}
+	return strings.TrimPrefix(r.ExceptionDetails.Exception.Description, "Error: ")
 }
 
 // TestGuardRefusesWhatIsNotACDPClient: foreign Host headers (DNS

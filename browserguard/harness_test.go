@@ -64,13 +64,19 @@ type env struct {
 	launcher *browserguard.Launcher
 	// guardHost is the guard's host:port.
 	guardHost string
+	// profiles is where the launched browsers' profiles are.
+	profiles string
 }
 
-func newEnv(t *testing.T, store state.Store) *env {
+// newEnv wires an env; opts change the launcher's configuration (by
+// default: no linger, no cap).
+func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.LauncherConfig)) *env {
 	t.Helper()
 	log := testkit.Logger()
-	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: time.Second, Logger: log})
-	watcher := runwatch.New(store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log})
+	// The machine is shared: a second for a store step fails closed on a
+	// loaded one, and these tests test other things.
+	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: 5 * time.Second, Logger: log})
+	watcher := runwatch.New(store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: 5 * time.Second, Logger: log})
 	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, AutoAdmit: true, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -79,16 +85,22 @@ func newEnv(t *testing.T, store state.Store) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
+	lcfg := browserguard.LauncherConfig{
 		Chromium: testkit.Chromium(t), Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
 		AutoAdmit: true, TempDir: t.TempDir(), Logger: log,
-	})
+		// The machine is shared: a start may wait for the CPU.
+		StartTimeout: time.Minute,
+	}
+	for _, o := range opts {
+		o(&lcfg)
+	}
+	launcher, err := browserguard.NewLauncher(lcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	guard, err := browserguard.New(browserguard.Config{
 		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: true,
-		StoreTimeout: time.Second, Logger: log,
+		StoreTimeout: 5 * time.Second, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -111,13 +123,13 @@ func newEnv(t *testing.T, store state.Store) *env {
 		_ = srv.Close()
 		cancel()
 	})
-	return &env{store: store, ledger: ledger, guard: guard, launcher: launcher, guardHost: ln.Addr().String()}
+	return &env{store: store, ledger: ledger, guard: guard, launcher: launcher, guardHost: ln.Addr().String(), profiles: lcfg.TempDir}
 }
 
 // launch starts the run's browser and returns its guarded websocket URL.
 func (e *env) launch(t *testing.T, run string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	got, err := e.launcher.Launch(ctx, run, 0, "test")
 	if err != nil {
@@ -130,7 +142,7 @@ func (e *env) launch(t *testing.T, run string) string {
 }
 
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -203,7 +215,7 @@ func (r *rawCDP) send(typ websocket.MessageType, frame []byte) {
 func (r *rawCDP) answer() answer {
 	r.t.Helper()
 	for {
-		ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
 		_, data, err := r.conn.Read(ctx)
 		cancel()
 		if err != nil {

@@ -1,6 +1,7 @@
 package browserguard
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 )
@@ -23,22 +27,34 @@ import (
 // DefaultChromium is where Debian's chromium package puts the browser.
 const DefaultChromium = "/usr/bin/chromium"
 
-// launchMethod is the method of the intent that records a launch.
-const launchMethod = "launch"
+// The methods of the intents that record a request for a run's browser:
+// the first starts it, the next ones are handed the one running.
+const (
+	launchMethod = "launch"
+	attachMethod = "attach"
+)
 
 // profilePrefix names the profile directories of launched browsers.
 const profilePrefix = "stopgate-browser-"
 
-// Bounds of a launched browser's life.
+// Defaults and bounds of a launched browser's life.
 const (
 	defaultStartTimeout = 20 * time.Second
+	// DefaultLinger is how long the browser of a run that is over stays
+	// up, refusing actions and serving reads, before it is stopped.
+	DefaultLinger = 30 * time.Second
+	// DefaultMaxBrowsers is how many browsers run at most at once.
+	DefaultMaxBrowsers = 8
 	// stopGrace is how long a browser may take to exit after SIGTERM
 	// before its process group is killed.
 	stopGrace = 3 * time.Second
-	// waitDelay bounds waiting for the browser's stderr after it exits: a
+	// waitDelay bounds waiting for the browser's output after it exits: a
 	// child that kept the pipe open must not hold the launcher.
 	waitDelay = 2 * time.Second
 )
+
+// ErrBrowserLimit is the error of a launch past LauncherConfig.MaxBrowsers.
+var ErrBrowserLimit = errors.New("browser limit reached")
 
 // LauncherConfig wires a Launcher.
 type LauncherConfig struct {
@@ -46,7 +62,7 @@ type LauncherConfig struct {
 	Chromium string
 	Ledger   *intents.Ledger
 	// Watcher carries the rows of runs with a browser to the launcher,
-	// which stops the browser once the run is over.
+	// which stops the browser once the run is over (after the linger).
 	Watcher *runwatch.Watcher
 	// Egress returns the egress proxy bound to a run: (*proxy.Proxy).ForRun.
 	Egress func(run string) (http.Handler, error)
@@ -57,13 +73,20 @@ type LauncherConfig struct {
 	AutoAdmit bool
 	// TempDir holds each browser's profile directory ("" = os.TempDir()).
 	TempDir string
-	// StartTimeout bounds a browser's start until its DevTools endpoint is up.
+	// StartTimeout bounds a browser's start until it answers on its pipe.
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// Linger is how long the browser of a run that is over stays up
+	// (actions refused, reads served) before it is stopped; 0 stops it at
+	// once.
+	Linger time.Duration
+	// MaxBrowsers caps the browsers running at once, lingering ones
+	// included; a launch past it is refused (ErrBrowserLimit). 0: no cap.
+	MaxBrowsers int
+	Logger      *slog.Logger
 }
 
 // Launcher starts one guarded headless Chromium per run and stops it when
-// the run is over or the launcher closes.
+// the run is over (after the linger) or the launcher closes.
 type Launcher struct {
 	cfg       LauncherConfig
 	log       *slog.Logger
@@ -81,15 +104,18 @@ type Launcher struct {
 
 // browser is one launched Chromium.
 type browser struct {
-	run      string
-	version  int64
-	devtools string // 127.0.0.1:PORT
-	path     string // /devtools/browser/ID
-	cmd      *exec.Cmd
-	dir      string
-	egress   *http.Server
-	exited   chan struct{}
-	stopOnce sync.Once
+	run     string
+	version int64
+	dt      *DevTools
+	cmd     *exec.Cmd
+	dir     string
+	egress  *http.Server
+	started time.Time
+	exited  chan struct{}
+	// lingering is set (under Launcher.mu) once the run is over and the
+	// browser's stop is scheduled.
+	lingering bool
+	stopOnce  sync.Once
 }
 
 // NewLauncher checks cfg, removes the profiles that browsers of a stopgate
@@ -104,6 +130,9 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = defaultStartTimeout
+	}
+	if cfg.Linger < 0 || cfg.MaxBrowsers < 0 {
+		return nil, fmt.Errorf("browser launcher: linger %s and browser cap %d may not be negative", cfg.Linger, cfg.MaxBrowsers)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -131,14 +160,15 @@ type Launched struct {
 	// Version is the cancel_version in WSURL, which every action is
 	// checked against.
 	Version int64
-	// Created is false when the run already had a browser.
+	// Created is false when the run already had a browser (an attach).
 	Created bool
 }
 
-// Launch starts the run's browser, or finds the one it has. The launch is
-// an effect like any other: it passes the guard (so a cancelled run gets
-// no browser, and an unseen one is admitted when auto-admit is on) and is
-// recorded as a browser intent with method "launch". observed is the
+// Launch starts the run's browser, or hands out the one it has. Either is
+// an effect like any other: it passes the guard (so a cancelled run gets no
+// browser, and an unseen one is admitted when auto-admit is on) and is
+// recorded as a browser intent, with method "launch" when it starts one and
+// "attach" when the run's browser was already running. observed is the
 // cancel_version the caller saw (0: check ACTIVE alone).
 func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor string) (Launched, error) {
 	if err := state.ValidateRunID(run); err != nil {
@@ -147,10 +177,15 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 	l.launching.Lock()
 	defer l.launching.Unlock()
 
+	running := l.running(run)
+	method := launchMethod
+	if running != nil {
+		method = attachMethod
+	}
 	target := "chromium:" + l.cfg.Chromium
 	res, err := l.cfg.Ledger.Begin(ctx, state.GuardRequest{
-		RunID: run, ObservedVersion: observed, Key: intents.DerivedKey(run, launchMethod, target, ""),
-		Boundary: state.BoundaryBrowser, Method: launchMethod, Target: target, AutoAdmit: l.cfg.AutoAdmit, Actor: actor,
+		RunID: run, ObservedVersion: observed, Key: intents.DerivedKey(run, method, target, ""),
+		Boundary: state.BoundaryBrowser, Method: method, Target: target, AutoAdmit: l.cfg.AutoAdmit, Actor: actor,
 	})
 	if err != nil {
 		return Launched{}, fmt.Errorf("launch a browser for run %s: %w", run, err)
@@ -162,29 +197,34 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 	if version == 0 {
 		version = res.Run.CancelVersion
 	}
-	if b := l.running(run); b != nil {
-		l.finish(ctx, res.Intent, state.IntentResponded, "the run's browser was already running, DevTools on "+b.devtools)
-		return Launched{Guard: res, WSURL: l.wsURL(run, version, b.path), Version: version}, nil
+	if running != nil {
+		l.finish(ctx, res.Intent, state.IntentResponded, fmt.Sprintf("handed the run's browser, running since %s", running.started.UTC().Format(time.RFC3339)))
+		return Launched{Guard: res, WSURL: l.wsURL(run, version, running.dt.BrowserID()), Version: version}, nil
+	}
+	if n := l.count(); l.cfg.MaxBrowsers > 0 && n >= l.cfg.MaxBrowsers {
+		why := fmt.Sprintf("%d browsers are running, the most this stopgate runs (--browser-max %d); a run's browser stops when the run is over (after --browser-linger)", n, l.cfg.MaxBrowsers)
+		l.finish(ctx, res.Intent, state.IntentNotSent, "not started: "+why)
+		return Launched{Guard: res}, fmt.Errorf("%w: %s", ErrBrowserLimit, why)
 	}
 	b, err := l.start(ctx, run, version)
 	if err != nil {
 		l.finish(ctx, res.Intent, state.IntentNotSent, err.Error())
 		return Launched{Guard: res}, fmt.Errorf("launch a browser for run %s: %w", run, err)
 	}
-	l.finish(ctx, res.Intent, state.IntentResponded, "DevTools on "+b.devtools)
+	l.finish(ctx, res.Intent, state.IntentResponded, "started, pid "+strconv.Itoa(b.cmd.Process.Pid))
 
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		l.stop(b, "the launcher closed while the browser started")
+		l.stop(b, websocket.StatusGoingAway, "stopgate is shutting down", "the launcher closed while the browser started")
 		return Launched{Guard: res}, errors.New("launch a browser: stopgate is shutting down")
 	}
 	l.browsers[run] = b
 	l.stopping.Add(1)
 	l.mu.Unlock()
 	go l.reap(b)
-	l.log.Info("browser launched", "run", run, "cancel_version", version, "devtools", b.devtools, "pid", b.cmd.Process.Pid, "profile", b.dir)
-	return Launched{Guard: res, WSURL: l.wsURL(run, version, b.path), Version: version, Created: true}, nil
+	l.log.Info("browser launched", "run", run, "cancel_version", version, "pid", b.cmd.Process.Pid, "profile", b.dir)
+	return Launched{Guard: res, WSURL: l.wsURL(run, version, b.dt.BrowserID()), Version: version, Created: true}, nil
 }
 
 func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.IntentState, reason string) {
@@ -193,8 +233,8 @@ func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.In
 	}
 }
 
-func (l *Launcher) wsURL(run string, version int64, path string) string {
-	return "ws://" + l.guardHost + guardedPrefix(run, version) + path
+func (l *Launcher) wsURL(run string, version int64, id string) string {
+	return "ws://" + l.guardHost + guardedPrefix(run, version) + "/devtools/browser/" + id
 }
 
 func (l *Launcher) running(run string) *browser {
@@ -212,17 +252,23 @@ func (l *Launcher) running(run string) *browser {
 	}
 }
 
-// DevTools is the DevTools address of the run's browser: the Guard's
+func (l *Launcher) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.browsers)
+}
+
+// DevTools is the DevTools connection of the run's browser: the Guard's
 // Config.Browsers.
-func (l *Launcher) DevTools(run string) (string, bool) {
+func (l *Launcher) DevTools(run string) (*DevTools, bool) {
 	if b := l.running(run); b != nil {
-		return b.devtools, true
+		return b.dt, true
 	}
-	return "", false
+	return nil, false
 }
 
 // start runs Chromium for the run with its network through the egress
-// proxy bound to the run, and waits for its DevTools endpoint.
+// proxy bound to the run, and waits for its first answer on the pipe.
 func (l *Launcher) start(ctx context.Context, run string, version int64) (*browser, error) {
 	exe, err := exec.LookPath(l.cfg.Chromium)
 	if err != nil {
@@ -247,24 +293,58 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 		ErrorLog:          slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
 	}
 	go func() { _ = srv.Serve(ln) }()
-
-	stderr := &tailBuffer{max: 4 << 10}
-	cmd := exec.Command(exe, chromiumArgs(dir, ln.Addr().String())...)
-	cmd.Stdout, cmd.Stderr = nil, stderr
-	cmd.SysProcAttr = procAttr()
-	cmd.WaitDelay = waitDelay
-	if err := cmd.Start(); err != nil {
+	fail := func(err error) (*browser, error) {
 		_ = srv.Close()
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("start %s: %w", exe, err)
+		return nil, err
 	}
-	b := &browser{run: run, version: version, cmd: cmd, dir: dir, egress: srv, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(b.exited) }()
 
-	b.devtools, b.path, err = waitDevTools(ctx, dir, b.exited, l.cfg.StartTimeout)
+	// The DevTools pipe: the browser reads commands from its fd 3 and
+	// writes answers and events to its fd 4 (ExtraFiles count from 3).
+	childR, parentW, err := os.Pipe()
 	if err != nil {
-		l.stop(b, "start failed")
-		if tail := strings.TrimSpace(stderr.String()); tail != "" {
+		return fail(fmt.Errorf("DevTools pipe: %w", err))
+	}
+	parentR, childW, err := os.Pipe()
+	if err != nil {
+		_ = childR.Close()
+		_ = parentW.Close()
+		return fail(fmt.Errorf("DevTools pipe: %w", err))
+	}
+	out := &outputLog{log: l.log, run: run, tail: &tailBuffer{max: 4 << 10}}
+	cmd := exec.Command(exe, chromiumArgs(dir, ln.Addr().String())...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{childR, childW}
+	cmd.SysProcAttr = procAttr()
+	cmd.WaitDelay = waitDelay
+	err = cmd.Start()
+	// The browser has its own copies now (or never will).
+	_ = childR.Close()
+	_ = childW.Close()
+	if err != nil {
+		_ = parentR.Close()
+		_ = parentW.Close()
+		return fail(fmt.Errorf("start %s: %w", exe, err))
+	}
+	out.pid = cmd.Process.Pid
+	b := &browser{
+		run: run, version: version, cmd: cmd, dir: dir, egress: srv, started: time.Now(), exited: make(chan struct{}),
+		dt: newDevTools(parentR, parentW, l.log.With("run", run)),
+	}
+	go func() { _ = cmd.Wait(); out.flush(); close(b.exited) }()
+
+	sctx, cancel := context.WithTimeout(ctx, l.cfg.StartTimeout)
+	defer cancel()
+	ready := make(chan error, 1)
+	go func() { ready <- b.dt.ready(sctx) }()
+	select {
+	case err = <-ready:
+	case <-b.exited:
+		err = errors.New("chromium exited before it answered on its DevTools pipe")
+	}
+	if err != nil {
+		l.stop(b, websocket.StatusInternalError, "stopgate: the browser did not start", "start failed")
+		if tail := strings.TrimSpace(out.tail.String()); tail != "" {
 			err = fmt.Errorf("%w; chromium's last output: %s", err, tail)
 		}
 		return nil, err
@@ -272,72 +352,100 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	return b, nil
 }
 
-// chromiumArgs are the flags of a guarded browser. The browser reaches
-// the network only through the egress proxy bound to its run: loopback
-// too (<-loopback removes Chromium's implicit bypass), no QUIC, no
-// WebRTC UDP that a proxy would not see. It trusts any certificate
-// because it only ever sees stopgate's MITM certificates; the egress
-// proxy verifies the upstream's. Background traffic is off, so that what
-// the run's record shows is what the agent's pages did.
+// unreachableURL is a URL that Chromium refuses to connect to by itself:
+// port 1 is on its list of restricted ports, so a request there fails
+// inside the browser (ERR_UNSAFE_PORT) and never reaches the proxy.
+const unreachableURL = "https://127.0.0.1:1/"
+
+// disabledFeatures are Chromium features that call Google services of
+// their own accord, or change what a page's requests look like.
+var disabledFeatures = []string{
+	// chromedp's (and Puppeteer's) defaults.
+	"Translate", "BlinkGenPropertyTrees",
+	// Background calls to Google: optimization hints, network time, media
+	// router discovery, autofill server, the certificate transparency and
+	// feed components, the AI mode and search preconnects.
+	"OptimizationHints", "NetworkTimeServiceQuerying", "MediaRouter", "DialMediaRouteProvider",
+	"AutofillServerCommunication", "CertificateTransparencyComponentUpdater", "InterestFeedContentSuggestions",
+	"AimEnabled", "PreconnectToSearch",
+	// Keep http:// navigations on http://, as the agent asked.
+	"HttpsUpgrades", "HttpsFirstBalancedModeAutoEnable",
+}
+
+// chromiumArgs are the flags of a guarded browser.
+//
+// The base is chromedp's default set (DefaultExecAllocatorOptions, after
+// Puppeteer's); TestFlagsKeepChromedpDefaults holds this list to it. On top:
+//   - the only way in is the DevTools pipe, which the launcher holds
+//     (--remote-debugging-pipe): no DevTools port that another local
+//     process could drive the browser through;
+//   - the network only through the egress proxy bound to the run: loopback
+//     too (<-loopback removes Chromium's implicit bypass), no QUIC, no
+//     WebRTC UDP that a proxy would not see. It trusts any certificate
+//     because it only ever sees stopgate's MITM certificates; the egress
+//     proxy verifies the upstream's;
+//   - none of the browser's own background traffic, so that what the run's
+//     record shows is what its pages did (TestCleanAudit): component
+//     updates, sync, safe browsing, sign-in, metrics, field trials, domain
+//     reliability, pings, and the features in disabledFeatures. Two calls
+//     no switch turns off in Chromium 156 are pointed at unreachableURL:
+//     Gaia's ListAccounts (--gaia-url; Chrome sign-in is off anyway) and
+//     the component updater's on-demand checks, such as the on-device
+//     model manifest (--component-updater=url-source).
 func chromiumArgs(profile, proxyAddr string) []string {
 	return []string{
+		// chromedp's defaults.
 		"--headless",
-		"--no-sandbox", // containers rarely allow its namespaces; the network boundary is the egress proxy
-		"--disable-gpu",
-		"--disable-dev-shm-usage",
-		"--disable-quic",
+		"--hide-scrollbars",
+		"--mute-audio",
 		"--no-first-run",
 		"--no-default-browser-check",
 		"--disable-background-networking",
-		"--disable-component-update",
-		"--disable-sync",
-		"--disable-default-apps",
-		"--disable-extensions",
-		"--disable-domain-reliability",
-		"--disable-client-side-phishing-detection",
+		"--enable-features=NetworkService,NetworkServiceInProcess",
+		"--disable-background-timer-throttling",
+		"--disable-backgrounding-occluded-windows",
 		"--disable-breakpad",
-		"--no-pings",
+		"--disable-client-side-phishing-detection",
+		"--disable-default-apps",
+		"--disable-dev-shm-usage",
+		"--disable-extensions",
+		"--disable-features=" + strings.Join(disabledFeatures, ","),
+		"--disable-hang-monitor",
+		"--disable-ipc-flooding-protection",
+		"--disable-popup-blocking",
+		"--disable-prompt-on-repost",
+		"--disable-renderer-backgrounding",
+		"--disable-sync",
+		"--force-color-profile=srgb",
 		"--metrics-recording-only",
-		"--mute-audio",
+		"--safebrowsing-disable-auto-update",
+		"--enable-automation",
 		"--password-store=basic",
+		"--use-mock-keychain",
+		// Containers rarely allow its namespaces; the boundary that matters
+		// is the network one.
+		"--no-sandbox",
+		"--disable-gpu",
+		// No background traffic of its own.
+		"--disable-component-update",
+		"--component-updater=url-source=" + unreachableURL,
+		"--gaia-url=" + unreachableURL,
+		"--disable-field-trial-config",
+		"--disable-domain-reliability",
+		"--disable-component-extensions-with-background-pages",
+		"--no-pings",
+		"--no-service-autorun",
+		"--disable-search-engine-choice-screen",
+		// The network only through the run's egress proxy.
+		"--disable-quic",
 		"--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
-		"--disable-features=Translate,OptimizationHints,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions,HttpsUpgrades,NetworkTimeServiceQuerying",
-		"--remote-debugging-address=127.0.0.1",
-		"--remote-debugging-port=0",
-		"--user-data-dir=" + profile,
 		"--proxy-server=http://" + proxyAddr,
 		"--proxy-bypass-list=<-loopback>",
 		"--ignore-certificate-errors",
+		// The only way in.
+		"--remote-debugging-pipe",
+		"--user-data-dir=" + profile,
 		"about:blank",
-	}
-}
-
-// waitDevTools reads the port and browser path Chromium writes to
-// DevToolsActivePort in its profile once its endpoint listens.
-func waitDevTools(ctx context.Context, dir string, exited <-chan struct{}, timeout time.Duration) (addr, path string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	file := filepath.Join(dir, "DevToolsActivePort")
-	t := time.NewTicker(25 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if b, err := os.ReadFile(file); err == nil {
-			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-			if len(lines) == 2 {
-				port, err := strconv.Atoi(strings.TrimSpace(lines[0]))
-				path := strings.TrimSpace(lines[1])
-				if err == nil && port > 0 && port < 65536 && strings.HasPrefix(path, "/devtools/browser/") {
-					return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), path, nil
-				}
-			}
-		}
-		select {
-		case <-exited:
-			return "", "", errors.New("chromium exited before its DevTools endpoint was up")
-		case <-ctx.Done():
-			return "", "", fmt.Errorf("chromium's DevTools endpoint was not up within %s: %w", timeout, ctx.Err())
-		case <-t.C:
-		}
 	}
 }
 
@@ -350,12 +458,15 @@ func (l *Launcher) reap(b *browser) {
 		delete(l.browsers, b.run)
 	}
 	l.mu.Unlock()
-	l.stop(b, "exited")
+	l.stop(b, websocket.StatusInternalError, "stopgate: the browser exited", "exited")
 }
 
-// stop ends a browser and its egress listener and removes its profile.
-func (l *Launcher) stop(b *browser, why string) {
+// stop ends a browser: its connections are closed with code and reason,
+// then the browser, its egress listener and its profile go.
+func (l *Launcher) stop(b *browser, code websocket.StatusCode, reason, why string) {
 	b.stopOnce.Do(func() {
+		// Closing the pipe tells the browser to exit.
+		b.dt.close(code, reason)
 		select {
 		case <-b.exited:
 			// Exited by itself: its process group may be gone and its id
@@ -408,18 +519,42 @@ func (l *Launcher) Runs() []string {
 	return ids
 }
 
-// Enforce stops the browser of a run that is over.
+// Enforce takes a run's new row to its browser: once the run is over, the
+// browser lingers for cfg.Linger (its actions are refused by the guard,
+// reads still work), then it is stopped and its connections are closed
+// with the refusal as their reason.
 func (l *Launcher) Enforce(row state.Run) {
 	if !row.Over() {
 		return
 	}
 	l.mu.Lock()
 	b := l.browsers[row.ID]
-	l.mu.Unlock()
-	if b != nil {
-		// Not in the watcher's goroutine: a browser may take stopGrace to go.
-		go l.stop(b, fmt.Sprintf("run is %s", row.Status))
+	first := b != nil && !b.lingering
+	if first {
+		b.lingering = true
 	}
+	l.mu.Unlock()
+	if !first {
+		return
+	}
+	reason := refusal.Over(row, "browser closed").CloseReason()
+	why := fmt.Sprintf("run is %s", row.Status)
+	if l.cfg.Linger <= 0 {
+		// Not in the watcher's loop: a browser may take stopGrace to go.
+		go l.stop(b, websocket.StatusPolicyViolation, reason, why)
+		return
+	}
+	l.log.Info("run is over: its browser lingers, refusing actions and serving reads, then stops",
+		"run", row.ID, "status", row.Status, "linger", l.cfg.Linger)
+	go func() {
+		t := time.NewTimer(l.cfg.Linger)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			l.stop(b, websocket.StatusPolicyViolation, reason, why+", after its linger")
+		case <-b.exited:
+		}
+	}()
 }
 
 // Close stops every browser and launches no more; it returns when they
@@ -433,7 +568,7 @@ func (l *Launcher) Close(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 	for _, b := range all {
-		go l.stop(b, "stopgate is shutting down")
+		go l.stop(b, websocket.StatusGoingAway, "stopgate is shutting down", "stopgate is shutting down")
 	}
 	done := make(chan struct{})
 	go func() { l.stopping.Wait(); close(done) }()
@@ -445,8 +580,59 @@ func (l *Launcher) Close(ctx context.Context) error {
 	}
 }
 
-// tailBuffer keeps the last bytes written to it: a browser's stderr, for
-// the error of a start that failed.
+// outputLog writes the browser's output to the log, a line to a record
+// ("chromium", with the run and the pid), and keeps its last bytes for the
+// error of a start that failed.
+type outputLog struct {
+	log  *slog.Logger
+	run  string
+	pid  int
+	tail *tailBuffer
+
+	mu      sync.Mutex
+	partial []byte
+}
+
+// maxOutputLine bounds one logged line of the browser's output.
+const maxOutputLine = 4 << 10
+
+func (o *outputLog) Write(p []byte) (int, error) {
+	_, _ = o.tail.Write(p)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.partial = append(o.partial, p...)
+	for {
+		i := bytes.IndexByte(o.partial, '\n')
+		if i < 0 {
+			break
+		}
+		o.line(o.partial[:i])
+		o.partial = o.partial[i+1:]
+	}
+	if len(o.partial) > maxOutputLine {
+		o.line(o.partial)
+		o.partial = nil
+	}
+	return len(p), nil
+}
+
+// flush logs what is left once the browser has exited.
+func (o *outputLog) flush() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.partial) > 0 {
+		o.line(o.partial)
+		o.partial = nil
+	}
+}
+
+func (o *outputLog) line(b []byte) {
+	if s := strings.TrimSpace(string(b)); s != "" {
+		o.log.Info("chromium", "run", o.run, "pid", o.pid, "out", state.Clip(s, maxOutputLine))
+	}
+}
+
+// tailBuffer keeps the last bytes written to it.
 type tailBuffer struct {
 	mu  sync.Mutex
 	max int

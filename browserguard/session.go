@@ -16,29 +16,34 @@ import (
 	"github.com/stopgate/stopgate/state"
 )
 
-// session is one client's CDP connection and its own connection to the
-// browser.
+// session is one client's CDP connection and its session on the
+// browser's DevTools pipe.
 type session struct {
 	g       *Guard
 	run     string
 	version int64
 	client  *websocket.Conn
-	browser *websocket.Conn
+	att     *attachment
 	log     *slog.Logger
 
-	// ctx lives as long as the session; cancelling it closes both
-	// connections (websocket reads and writes take it).
+	// ctx lives as long as the session; cancelling it ends reads and
+	// writes on the client connection.
 	ctx  context.Context
 	stop context.CancelFunc
 	once sync.Once
-	// ended is set when end is called, before either connection closes:
-	// an admitted command not yet written then was provably never sent.
+	// quit is closed when end is called, before the client connection
+	// closes: an admitted command not yet written then was provably never
+	// sent (ended says the same to whoever cannot select on quit).
+	quit  chan struct{}
 	ended atomic.Bool
 
 	mu sync.Mutex
 	// pending are admitted actions forwarded to the browser and not yet
 	// answered, by the id and session the browser will answer with.
 	pending map[cmdKey]state.Intent
+	// overReason, once the run is over, is what the client is told when
+	// its connection closes, whatever closes it.
+	overReason string
 }
 
 type cmdKey struct {
@@ -46,39 +51,59 @@ type cmdKey struct {
 	session string
 }
 
-func newSession(g *Guard, run string, version int64, client, browser *websocket.Conn) *session {
+func newSession(g *Guard, run string, version int64, client *websocket.Conn, att *attachment) *session {
 	ctx, stop := context.WithCancel(context.Background())
 	return &session{
-		g: g, run: run, version: version, client: client, browser: browser,
-		log: g.log.With("run", run), ctx: ctx, stop: stop, pending: map[cmdKey]state.Intent{},
+		g: g, run: run, version: version, client: client, att: att,
+		log: g.log.With("run", run), ctx: ctx, stop: stop, quit: make(chan struct{}), pending: map[cmdKey]state.Intent{},
 	}
 }
 
 // serve carries frames until either side goes or end is called, then
-// records what the browser never answered.
+// gives the session back to the browser and records what the browser
+// never answered.
 func (s *session) serve() {
 	var wg sync.WaitGroup
-	wg.Go(s.fromBrowser)
+	wg.Go(s.toClient)
 	s.fromClient()
 	s.end(websocket.StatusNormalClosure, "")
 	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), browserFetchTimeout)
+	s.att.detach(ctx)
+	cancel()
 	s.stop()
 	s.abandon("the CDP connection closed before the browser answered")
 }
 
-// end closes both connections once, telling the client why. The close
+// noteOver keeps what the client is told when its connection closes now
+// that its run is over: the refusal, rather than a bare close.
+func (s *session) noteOver(r *refusal.Refusal) {
+	s.mu.Lock()
+	s.overReason = r.CloseReason()
+	s.mu.Unlock()
+}
+
+// end closes the connection once, telling the client why. The close
 // handshake with the client runs on its own so that whoever ends a session
 // (the cancel watcher, a shutdown) never waits on a slow client.
 func (s *session) end(code websocket.StatusCode, reason string) {
 	s.once.Do(func() {
 		s.ended.Store(true)
+		close(s.quit)
+		s.mu.Lock()
+		if s.overReason != "" && code != websocket.StatusGoingAway {
+			// Whatever ends it (the browser stopped after its linger, or
+			// exited, or the client went), the run is over: say so.
+			code, reason = websocket.StatusPolicyViolation, s.overReason
+		}
+		s.mu.Unlock()
 		// A close reason is at most 123 bytes on the wire.
 		reason = state.Clip(reason, 123)
+		s.att.end(code, reason)
 		go func() {
 			_ = s.client.Close(code, reason)
 			s.stop()
 		}()
-		_ = s.browser.CloseNow()
 	})
 }
 
@@ -98,7 +123,8 @@ func (s *session) fromClient() {
 		}
 		switch {
 		case tooBig:
-			c, _ := parseCommand(data)
+			// Its id, if it comes early: the rest is not read again.
+			c, _ := parseCommand(data[:min(len(data), tooBigIDScan)])
 			s.answer(errorFrame(c, codeInvalidRequest, fmt.Sprintf(
 				"stopgate: frame is larger than %d bytes; nothing was forwarded", limit), ""))
 		case typ != websocket.MessageText:
@@ -110,6 +136,9 @@ func (s *session) fromClient() {
 		}
 	}
 }
+
+// tooBigIDScan is how much of an oversized frame is read for its id.
+const tooBigIDScan = 64 << 10
 
 // readBounded reads one message, keeping at most limit bytes; a longer one
 // is read to its end and reported too big, with its first limit bytes.
@@ -133,8 +162,13 @@ func (s *session) handle(data []byte) {
 		s.answer(errorFrame(c, codeInvalidRequest, "stopgate: bad CDP frame: "+err.Error()+"; nothing was forwarded", ""))
 		return
 	}
+	if !s.att.owns(c.SessionID) {
+		// As Chromium answers it: the session is not this connection's.
+		s.answer(errorFrame(c, codeSessionNotFound, "Session with given id not found.", ""))
+		return
+	}
 	if !isAction(c.Method) {
-		s.forward(data)
+		s.forward(c, data)
 		return
 	}
 	key := cmdKey{c.ID, c.SessionID}
@@ -162,7 +196,7 @@ func (s *session) handle(data []byte) {
 	if err != nil {
 		rf := refusal.FromError(err)
 		s.log.Info("action refused", "method", c.Method, "refusal", rf.Code, "intent", rf.Intent, "message", rf.Message)
-		s.answer(errorFrame(c, codeServerError, rf.CDPMessage(c.Method), rf.CDPData()))
+		s.answer(refusalFrame(c, rf.CDPMessage(c.Method), rf.CDPData()))
 		return
 	}
 	if s.ended.Load() {
@@ -173,7 +207,7 @@ func (s *session) handle(data []byte) {
 	s.mu.Lock()
 	s.pending[key] = res.Intent
 	s.mu.Unlock()
-	if err := s.browser.Write(s.ctx, websocket.MessageText, data); err != nil {
+	if err := s.att.send(c, data); err != nil {
 		if in, ok := s.take(key); ok {
 			s.finish(in, state.IntentUnknown, "writing the command to the browser failed: "+err.Error())
 		}
@@ -181,8 +215,8 @@ func (s *session) handle(data []byte) {
 	}
 }
 
-func (s *session) forward(data []byte) {
-	if err := s.browser.Write(s.ctx, websocket.MessageText, data); err != nil {
+func (s *session) forward(c command, data []byte) {
+	if err := s.att.send(c, data); err != nil {
 		s.end(websocket.StatusInternalError, "stopgate: the browser connection failed")
 	}
 }
@@ -194,27 +228,44 @@ func (s *session) answer(frame []byte) {
 	}
 }
 
-// fromBrowser carries the browser's frames to the client, recording the
-// answers to admitted actions before the client sees them.
-func (s *session) fromBrowser() {
+// toClient carries the browser's frames to the client, recording the
+// answers to admitted actions before the client sees them. When the
+// browser's side ends (the browser stopped or exited), what it sent
+// before goes out first.
+func (s *session) toClient() {
 	for {
-		typ, data, err := s.browser.Read(s.ctx)
-		if err != nil {
-			s.end(websocket.StatusInternalError, "stopgate: the browser closed the connection")
-			return
-		}
-		if s.waiting() {
-			if r := parseReply(data); r.HasID {
-				if in, ok := s.take(cmdKey{r.ID, r.SessionID}); ok {
-					s.finish(in, state.IntentResponded, r.Err)
+		select {
+		case f := <-s.att.frames:
+			if !s.deliver(f) {
+				return
+			}
+		case <-s.att.Ended():
+			for len(s.att.frames) > 0 {
+				if !s.deliver(<-s.att.frames) {
+					return
 				}
 			}
-		}
-		if err := s.client.Write(s.ctx, typ, data); err != nil {
-			s.end(websocket.StatusNormalClosure, "")
+			s.end(s.att.code, s.att.reason)
+			return
+		case <-s.quit:
 			return
 		}
 	}
+}
+
+func (s *session) deliver(frame []byte) bool {
+	if s.waiting() {
+		if r := parseReply(frame); r.HasID {
+			if in, ok := s.take(cmdKey{r.ID, r.SessionID}); ok {
+				s.finish(in, state.IntentResponded, r.Err)
+			}
+		}
+	}
+	if err := s.client.Write(s.ctx, websocket.MessageText, frame); err != nil {
+		s.end(websocket.StatusNormalClosure, "")
+		return false
+	}
+	return true
 }
 
 func (s *session) waiting() bool {

@@ -14,6 +14,10 @@ import (
 // browserguard) is passed in through Options.Browsers, so that this
 // package stays the API and never starts a process.
 
+// ErrBrowserLimit marks (errors.Is) a BrowserLauncher's error that refused
+// a launch because too many browsers run; the error's text says how many.
+var ErrBrowserLimit = errors.New("browser limit reached")
+
 // BrowserRequest is the body of POST /v1/runs/{run}/browsers; it may be
 // empty.
 type BrowserRequest struct {
@@ -57,7 +61,8 @@ type BrowserLaunched struct {
 
 // BrowserLauncher starts (or finds) a guarded browser for a run. Errors
 // that wrap state.ErrUnavailable, state.ErrInvalid or a *state.Conflict are
-// answered as the store's; any other is a browser that could not start.
+// answered as the store's, ErrBrowserLimit as 503 browser_limit; any other
+// is a browser that could not start.
 type BrowserLauncher func(ctx context.Context, req BrowserLaunch) (BrowserLaunched, error)
 
 // launchBrowser starts the run's guarded browser: 201 with its websocket
@@ -89,6 +94,8 @@ func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error)
 	case err == nil:
 	case errors.Is(err, state.ErrUnavailable), errors.Is(err, state.ErrInvalid), errors.As(err, &conflict):
 		return 0, nil, err
+	case errors.Is(err, ErrBrowserLimit):
+		return 0, nil, refusal.Wrap(err, refusal.BrowserLimit, "no browser started for run %s: %v", id, err)
 	default:
 		h.log.Warn("control: browser launch failed", "run", id, "err", err)
 		return 0, nil, refusal.New(refusal.BrowserUnavailable, "%s", "the browser could not be started: "+err.Error())

@@ -29,6 +29,8 @@ func (f *fakeLauncher) launch(ctx context.Context, req control.BrowserLaunch) (c
 		return control.BrowserLaunched{}, fmt.Errorf("launch: %w: redis timed out", state.ErrUnavailable)
 	case "nochromium":
 		return control.BrowserLaunched{}, errors.New("chromium /nowhere: executable file not found")
+	case "full":
+		return control.BrowserLaunched{}, fmt.Errorf("%w: 8 browsers are running", control.ErrBrowserLimit)
 	}
 	res, err := f.store.Guard(ctx, state.GuardRequest{
 		RunID: req.RunID, ObservedVersion: req.ObservedVersion, Key: "launch", Boundary: state.BoundaryBrowser,
@@ -68,6 +70,8 @@ func TestLaunchBrowser(t *testing.T) {
 			status: http.StatusServiceUnavailable, code: string(refusal.StoreUnavailable), message: "redis timed out"},
 		{name: "no chromium", method: http.MethodPost, path: "/v1/runs/nochromium/browsers",
 			status: http.StatusServiceUnavailable, code: string(refusal.BrowserUnavailable), message: "the browser could not be started: chromium /nowhere"},
+		{name: "browser limit", method: http.MethodPost, path: "/v1/runs/full/browsers",
+			status: http.StatusServiceUnavailable, code: string(refusal.BrowserLimit), message: "no browser started for run full: browser limit reached: 8 browsers are running"},
 		{name: "bad version", method: http.MethodPost, path: "/v1/runs/b2/browsers", body: `{"cancel_version":-1}`,
 			status: http.StatusBadRequest, code: string(refusal.InvalidRequest), message: "negative"},
 		{name: "bad run", method: http.MethodPost, path: "/v1/runs/bad%20run/browsers", status: http.StatusBadRequest, code: string(refusal.InvalidRequest)},

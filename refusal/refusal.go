@@ -85,6 +85,7 @@ const (
 	StoreUnavailable   Code = "store_unavailable"   // the state store did not answer in time: fail closed
 	UpstreamFailed     Code = "upstream_failed"     // the upstream could not be reached or failed mid-answer
 	BrowserUnavailable Code = "browser_unavailable" // no browser could be started for the run
+	BrowserLimit       Code = "browser_limit"       // the cap on browsers running at once was reached
 	BrowserUnreachable Code = "browser_unreachable" // the run's browser did not answer the guard
 	NoBrowser          Code = "no_browser"          // the run has no browser running
 	Internal           Code = "internal"            // a bug; logged with its stack
@@ -126,7 +127,7 @@ func (c Code) Status() int {
 		return http.StatusMethodNotAllowed
 	case TooManyConnections:
 		return http.StatusTooManyRequests
-	case StoreUnavailable, BrowserUnavailable:
+	case StoreUnavailable, BrowserUnavailable, BrowserLimit:
 		return http.StatusServiceUnavailable
 	case UpstreamFailed, BrowserUnreachable:
 		return http.StatusBadGateway
@@ -213,6 +214,16 @@ func FromGuard(req state.GuardRequest, res state.GuardResult) *Refusal {
 		r.Message = fmt.Sprintf("the guard refused %s of run %s: %s; nothing was sent", res.Intent.Key, req.RunID, res.Refusal)
 	}
 	return r
+}
+
+// Over is the refusal of what a run that is over (CANCELLED, COMPLETED,
+// UNKNOWN) tries next — a connection to its lingering browser, say —
+// where no guard was asked: what says what was refused.
+func Over(row state.Run, what string) *Refusal {
+	return &Refusal{
+		Code: RunNotActive, RunID: row.ID, Run: &row,
+		Message: fmt.Sprintf("run %s is %s at cancel_version %d: %s", row.ID, row.Status, row.CancelVersion, what),
+	}
 }
 
 func observed(v int64) string {

@@ -128,3 +128,10 @@ func (r *Refusal) CDPData() string {
 	}
 	return d
 }
+
+// CloseReason is the refusal as a websocket close reason: at most the 123
+// bytes the frame holds, led by "stopgate" and ending with the code.
+func (r *Refusal) CloseReason() string {
+	suffix := " (" + string(r.Code) + ")"
+	return state.Clip("stopgate: "+r.Message, 123-len(suffix)) + suffix
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // Validation is shared by both stores so that bad input gets the same
@@ -228,6 +229,10 @@ func (r TickRequest) Validate() error {
 func Clip(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	// Cut on a rune boundary, so the text stays valid UTF-8.
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n]
 }

@@ -96,7 +96,8 @@ func TestBrowserEndToEnd(t *testing.T) {
 		{state.BoundaryBrowser, "Page.navigate", site.URL + "/checkout", state.IntentResponded},
 		{state.BoundaryHTTP, "GET", site.URL + "/checkout", state.IntentResponded},
 		{state.BoundaryBrowser, "Page.navigate", site.URL + "/pay", state.IntentCancelledBeforeDispatch},
-		{state.BoundaryBrowser, "launch", "chromium:" + chromium, state.IntentCancelledBeforeDispatch},
+		// Asked again while its browser runs: an attach, refused.
+		{state.BoundaryBrowser, "attach", "chromium:" + chromium, state.IntentCancelledBeforeDispatch},
 	} {
 		if !has(w.boundary, w.method, w.target, w.st) {
 			t.Errorf("audit lacks %s %s %s %s:\n%s", w.boundary, w.method, w.target, w.st, s.must(t, 0, "audit", "b1"))

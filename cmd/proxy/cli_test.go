@@ -67,7 +67,7 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
-		Chromium: "/usr/bin/chromium", DataDir: "./stopgate-data",
+		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
 		MaxBody: 256 << 20}
@@ -115,6 +115,8 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--browser-addr", "127.0.0.1:8080"}, nil, "--browser-addr: \"127.0.0.1:8080\" is also the proxy address"},
 		{nil, map[string]string{"STOPGATE_BROWSER_ADDR": "nowhere"}, "STOPGATE_BROWSER_ADDR: \"nowhere\": want host:port"},
 		{[]string{"--chromium", ""}, nil, "--chromium: is empty"},
+		{[]string{"--browser-linger", "-1s"}, nil, "--browser-linger: -1s is negative"},
+		{nil, map[string]string{"STOPGATE_BROWSER_MAX": "0"}, "STOPGATE_BROWSER_MAX: 0: want a positive number of browsers"},
 		{[]string{"--store", "postgres://db/x"}, nil, "--store: scheme \"postgres\""},
 		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: localhost:6379 has no scheme"},
 		{[]string{"--store", "redis://:hunter2@/0"}, nil, "has no host"},

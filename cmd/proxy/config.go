@@ -29,6 +29,11 @@ type serveConfig struct {
 	TransparentAddr string
 	// Chromium is the browser the launcher starts for a run.
 	Chromium string
+	// BrowserLinger is how long the browser of a run that is over stays up,
+	// refusing actions and serving reads, before it is stopped.
+	BrowserLinger time.Duration
+	// BrowserMax caps the browsers running at once.
+	BrowserMax int
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
 	Store   string
 	DataDir string
@@ -94,6 +99,9 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.BrowserAddr, "browser-addr", "127.0.0.1:8082", "browser guard (CDP websocket) listen address (host:port)")
 	fs.StringVar(&cfg.TransparentAddr, "transparent-addr", "", "listen address (host:port) for connections the kernel redirects to stopgate (stopgate redirect, exec --isolate); empty: transparent mode off")
 	fs.StringVar(&cfg.Chromium, "chromium", browserguard.DefaultChromium, "the Chromium binary launched for a run's browser")
+	cfg.BrowserLinger = browserguard.DefaultLinger
+	fs.Var(durationValue{&cfg.BrowserLinger}, "browser-linger", "`duration` the browser of a run that is over stays up (actions refused, reads served) before it is stopped")
+	fs.IntVar(&cfg.BrowserMax, "browser-max", browserguard.DefaultMaxBrowsers, "most browsers running at once; a launch past it is refused (503 browser_limit)")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
@@ -219,6 +227,12 @@ func (c *serveConfig) validate(source map[string]string) error {
 		if err := state.ValidateRunID(c.Run); err != nil {
 			return bad("run", "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 		}
+	}
+	if c.BrowserLinger < 0 {
+		return bad("browser-linger", "%s is negative", c.BrowserLinger)
+	}
+	if c.BrowserMax <= 0 {
+		return bad("browser-max", "%d: want a positive number of browsers", c.BrowserMax)
 	}
 	if c.DrainTimeout < 0 {
 		return bad("drain-timeout", "%s is negative", c.DrainTimeout)

@@ -158,7 +158,8 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err == nil {
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
-			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Logger: log.With("component", "launcher"),
+			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
+			Logger: log.With("component", "launcher"),
 		})
 	}
 	if err == nil {
@@ -275,9 +276,18 @@ func runTokens(cfg serveConfig) (*runtoken.Signer, error) {
 func browserLauncher(l *browserguard.Launcher) control.BrowserLauncher {
 	return func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
 		b, err := l.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
+		if errors.Is(err, browserguard.ErrBrowserLimit) {
+			err = browserLimit{err}
+		}
 		return control.BrowserLaunched{Guard: b.Guard, WSURL: b.WSURL, CancelVersion: b.Version, Created: b.Created}, err
 	}
 }
+
+// browserLimit is the launcher's refusal past its cap on browsers, as the
+// control API knows it; its text is the launcher's.
+type browserLimit struct{ error }
+
+func (browserLimit) Is(target error) bool { return target == control.ErrBrowserLimit }
 
 // listeners are serve's sockets, taken before anything serves.
 type listeners struct {
@@ -367,7 +377,7 @@ func (inst *instance) logStart() {
 	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
 	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
 		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
-	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium)
+	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}

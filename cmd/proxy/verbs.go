@@ -480,9 +480,9 @@ func (c *cli) browser(ctx context.Context, args []string) error {
 	fmt.Fprintln(c.stdout, reply.Value.WSURL)
 	how := "launched"
 	if !reply.Value.Created {
-		how = "already running"
+		how = "already running (recorded as an attach)"
 	}
-	fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; it stops when the run is over. Every action is checked against cancel_version %d.\n",
+	fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; once the run is over it refuses actions and stops after serve's --browser-linger. Every action is checked against cancel_version %d.\n",
 		safe(reply.Value.RunID), how, reply.Value.CancelVersion)
 	return nil
 }
