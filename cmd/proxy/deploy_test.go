@@ -374,6 +374,13 @@ func (f *fleet) serveConfigOf(t *testing.T, spec corev1.PodSpec, c corev1.Contai
 	return cfg
 }
 
+func uidString(uid *int64) string {
+	if uid == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*uid)
+}
+
 func isLoopbackAddr(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	ip := net.ParseIP(host)
@@ -451,7 +458,7 @@ func TestDeployPodsAreLockedDown(t *testing.T) {
 			uid, nonRoot := effectiveUser(spec, c)
 			if c.Name == "stopgate-redirect" {
 				if uid == nil || *uid != 0 || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || c.RestartPolicy != nil {
-					t.Errorf("%s: want an init container that runs to completion as root with NET_ADMIN alone, got uid %v caps %v", where, uid, sc.Capabilities.Add)
+					t.Errorf("%s: want an init container that runs to completion as root with NET_ADMIN alone, got uid %s caps %v", where, uidString(uid), sc.Capabilities.Add)
 				}
 				if !slices.ContainsFunc(spec.InitContainers, func(ic corev1.Container) bool { return ic.Name == c.Name }) {
 					t.Errorf("%s: the redirect must be an init container", where)
@@ -462,7 +469,7 @@ func TestDeployPodsAreLockedDown(t *testing.T) {
 				t.Errorf("%s: adds capabilities %v", where, sc.Capabilities.Add)
 			}
 			if !nonRoot || uid == nil || *uid == 0 {
-				t.Errorf("%s: want runAsNonRoot with a non-zero runAsUser, got %v %v", where, nonRoot, uid)
+				t.Errorf("%s: want runAsNonRoot with a non-zero runAsUser, got %v %s", where, nonRoot, uidString(uid))
 			}
 		}
 	}
@@ -524,7 +531,7 @@ func TestDeployAgentPodWiring(t *testing.T) {
 	sidecarUID, _ := effectiveUser(spec, sidecar)
 	workerUID, _ := effectiveUser(spec, worker)
 	if workerUID == nil || *workerUID != ro.uid {
-		t.Errorf("worker: runs as uid %v, but the redirect is for uid %d", workerUID, ro.uid)
+		t.Errorf("worker: runs as uid %s, but the redirect is for uid %d", uidString(workerUID), ro.uid)
 	}
 	if sidecarUID == nil || *sidecarUID == ro.uid {
 		t.Errorf("stopgate: runs as the redirected uid %d: its own upstream connections would come back to it", ro.uid)
