@@ -95,7 +95,7 @@ func TestQuickstart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for src, dst := range map[string]string{
-		binary:                         "bin/stopgate",
+		binary:                          "bin/stopgate",
 		"../../deploy/demo/upstream.py": "deploy/demo/upstream.py",
 		"../../deploy/demo/agent.py":    "deploy/demo/agent.py",
 		"../../deploy/demo/agent.js":    "deploy/demo/agent.js",
@@ -155,7 +155,7 @@ func TestQuickstart(t *testing.T) {
 	// Each agent charged before the cancel and was refused after it.
 	for _, agent := range []string{"python", "node"} {
 		b, _ := os.ReadFile(filepath.Join(dir, agent+"-agent.log"))
-		if !regexp.MustCompile(agent + ` agent: charge 1: 200`).Match(b) || !regexp.MustCompile(agent+` agent: charge \d+: 409 run_not_active: \{"error":"run_not_active"`).Match(b) ||
+		if !regexp.MustCompile(agent+` agent: charge 1: 200`).Match(b) || !regexp.MustCompile(agent+` agent: charge \d+: 409 run_not_active: \{"error":"run_not_active"`).Match(b) ||
 			!strings.Contains(string(b), agent+" agent: refused, stopping") {
 			t.Errorf("%s agent: want a charge answered 200, then a 409 run_not_active and a stop; its log:\n%s", agent, b)
 		}
