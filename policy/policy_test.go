@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -76,14 +77,27 @@ func TestEmptyPathIsTheZeroPolicy(t *testing.T) {
 	}
 }
 
+// TestShippedExamplePolicyIsValid: the example loads with nothing set in
+// the environment (cmd/proxy's TestShippedExamplePolicyStartsAsIs starts
+// serve with it), and its commented webhook source is valid once its
+// variable is set and it is uncommented.
 func TestShippedExamplePolicyIsValid(t *testing.T) {
-	t.Setenv("STOPGATE_WEBHOOK_PAYMENTS", "x")
+	t.Setenv("STOPGATE_WEBHOOK_PAYMENTS", "")
 	p, err := policy.Load("../deploy/stopgate.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Webhooks) == 0 || len(p.Lookups) == 0 {
+	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Lookups) == 0 {
 		t.Fatalf("the example should show every rule: %+v", p)
+	}
+	b, err := os.ReadFile("../deploy/stopgate.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uncommented := strings.NewReplacer("# webhooks:", "webhooks:", "#   payments:", "  payments:", "#     secret_env:", "    secret_env:").Replace(string(b))
+	t.Setenv("STOPGATE_WEBHOOK_PAYMENTS", "x")
+	if p, err = policy.Parse([]byte(uncommented)); err != nil || len(p.Webhooks) != 1 {
+		t.Fatalf("the commented webhook source, uncommented: %+v %v", p.Webhooks, err)
 	}
 }
 

@@ -54,10 +54,80 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 	}
 }
 
+// LoadCA reads an operator-provided CA from two files, for a fleet whose
+// instances must all sign with one CA (a Kubernetes Secret, say), so that a
+// worker trusts one certificate wherever its sidecar runs. Nothing is
+// created: a missing or unreadable file is an error. The key must not be
+// readable by others: mode 0600 or 0400, or, when root owns it, 0640 or
+// 0440 (what a Kubernetes Secret volume with an fsGroup gives, and how
+// Debian's ssl-cert group shares keys): its group is then an
+// administrator's choice, not an accident of umask.
+func LoadCA(certFile, keyFile string) (*CA, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("a CA from files needs both the certificate and the key")
+	}
+	info, err := os.Stat(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	if err := checkKeyMode(info); err != nil {
+		return nil, fmt.Errorf("CA key %s: %w", keyFile, err)
+	}
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	if err := certificatesOnly(certPEM); err != nil {
+		return nil, fmt.Errorf("CA certificate %s: %w", certFile, err)
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	return parsePair(certPEM, keyPEM, certFile, keyFile)
+}
+
+// certificatesOnly refuses a certificate file that holds anything but
+// certificates: that file is served on /v1/ca and mounted into workers, so
+// a key pasted into it would be handed to the least trusted party.
+func certificatesOnly(certPEM []byte) error {
+	rest := certPEM
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			return nil
+		}
+		if block.Type != "CERTIFICATE" {
+			return fmt.Errorf("holds a %q block: it is given to every worker, so it may hold certificates only (keep the key in its own file)", block.Type)
+		}
+	}
+}
+
+// checkKeyMode is LoadCA's rule for the key file's permissions.
+func checkKeyMode(info fs.FileInfo) error {
+	perm := info.Mode().Perm()
+	switch {
+	case !info.Mode().IsRegular():
+		return errors.New("is not a regular file")
+	case perm&0o077 == 0:
+		return nil
+	case perm&0o037 == 0 && ownedByRoot(info):
+		return nil
+	}
+	return fmt.Errorf("has mode %#o: it must not be readable by others: chmod 600 (or 400); a key root owns may be group-readable (640, 440)", perm)
+}
+
 func parseCA(certPEM, keyPEM []byte, certPath, keyPath string) (*CA, error) {
 	if info, err := os.Stat(keyPath); err == nil && info.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("CA key %s has mode %v: it must be readable by its owner only (chmod 600)", keyPath, info.Mode().Perm())
 	}
+	return parsePair(certPEM, keyPEM, certPath, keyPath)
+}
+
+// parsePair checks that the certificate and the key belong together and
+// that the certificate may sign others.
+func parsePair(certPEM, keyPEM []byte, certPath, keyPath string) (*CA, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA in %s and %s: %w", certPath, keyPath, err)

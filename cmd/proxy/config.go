@@ -72,6 +72,9 @@ type serveConfig struct {
 	RunTokenSecret string
 	// RequireRunToken makes a signed token the only way a client names its run.
 	RequireRunToken bool
+	// CACert and CAKey name an operator-provided CA (one for a fleet);
+	// empty: the CA in DataDir, created on first start.
+	CACert, CAKey string
 }
 
 // logger writes serve's log to w in the configured format and level.
@@ -128,6 +131,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
 	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "secret (32 bytes or more) that signs run tokens: POST /v1/runs/{run}/tokens issues them, the proxy accepts them as the password")
 	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token (needs --run-token-secret)")
+	fs.StringVar(&cfg.CACert, "ca-cert", "", "the MITM CA's certificate file, for one CA across a fleet (with --ca-key); empty: the CA in --data-dir, created on first start")
+	fs.StringVar(&cfg.CAKey, "ca-key", "", "the MITM CA's key file (mode 0600 or 0400; with --ca-cert)")
 	return fs, cfg
 }
 
@@ -262,6 +267,13 @@ func (c *serveConfig) validate(source map[string]string) error {
 	}
 	if c.RequireRunToken && c.RunTokenSecret == "" {
 		return bad("require-run-token", "needs --run-token-secret (or STOPGATE_RUN_TOKEN_SECRET)")
+	}
+	if (c.CACert == "") != (c.CAKey == "") {
+		name := "ca-cert"
+		if c.CAKey == "" {
+			name = "ca-key"
+		}
+		return bad(name, "is empty: an operator-provided CA needs both --ca-cert and --ca-key (or neither, for the CA in --data-dir)")
 	}
 	if c.SpoolDir != "" {
 		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {

@@ -124,9 +124,9 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err != nil {
 		return nil, usagef("serve", "--config: effects: %v", err)
 	}
-	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
+	ca, err := loadCA(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+		return nil, err
 	}
 	tokens, err := runTokens(cfg)
 	if err != nil {
@@ -259,6 +259,23 @@ func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.O
 	}
 	log.Log(ctx, level, "store: "+opened.Kind, "where", opened.Where, "durable", opened.Durable, "durability", opened.Durability)
 	return opened, nil
+}
+
+// loadCA is the operator's CA when serve is given one (--ca-cert,
+// --ca-key), else the one in the data directory, created on first start.
+func loadCA(cfg serveConfig) (*proxy.CA, error) {
+	if cfg.CACert != "" {
+		ca, err := proxy.LoadCA(cfg.CACert, cfg.CAKey)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-cert, --ca-key: %w", err)
+		}
+		return ca, nil
+	}
+	ca, err := proxy.LoadOrCreateCA(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+	}
+	return ca, nil
 }
 
 func runTokens(cfg serveConfig) (*runtoken.Signer, error) {
