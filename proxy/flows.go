@@ -54,6 +54,8 @@ type flowSet struct {
 	mu    sync.Mutex
 	byRun map[string]map[*flow]struct{}
 	open  prometheus.Gauge
+	// seen learns every row the watcher hands over.
+	seen *seenRows
 }
 
 func newFlowSet(m *telemetry.Metrics) *flowSet {
@@ -112,6 +114,9 @@ func (s *flowSet) Runs() []string {
 // their way back, which keep their drain. The watcher reads the row again
 // at the drain deadline.
 func (s *flowSet) Enforce(run state.Run) {
+	if s.seen != nil {
+		s.seen.learn(run)
+	}
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

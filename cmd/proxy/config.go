@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/browserguard"
+	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
@@ -58,6 +59,15 @@ type serveConfig struct {
 	RunTokenSecret string
 	// RequireRunToken makes a signed token the only way a client names its run.
 	RequireRunToken bool
+
+	// AllowDest opens destinations the proxy refuses by default (loopback,
+	// private ranges): hosts and CIDRs, added to the policy's allow list.
+	AllowDest []string
+	// MaxConns and MaxConnsPerRun cap the proxy's open exchanges.
+	MaxConns, MaxConnsPerRun int
+	// TunnelHandshakeTimeout bounds a tunnel's start, ClientIdleTimeout a
+	// proxy client's silence.
+	TunnelHandshakeTimeout, ClientIdleTimeout time.Duration
 }
 
 // storeConfig is the store serve opens.
@@ -98,6 +108,13 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
 	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "secret (32 bytes or more) that signs run tokens: POST /v1/runs/{run}/tokens issues them, the proxy accepts them as the password")
 	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token (needs --run-token-secret)")
+	fs.Var(listValue{&cfg.AllowDest}, "allow-dest", "`HOST|CIDR` the proxy may reach although it is loopback or private (repeatable; comma-separated in STOPGATE_ALLOW_DEST)")
+	fs.IntVar(&cfg.MaxConns, "max-conns", proxy.DefaultMaxConns, "most requests and tunnels the proxy holds open at once; past it: 429 too_many_connections")
+	fs.IntVar(&cfg.MaxConnsPerRun, "max-conns-per-run", proxy.DefaultMaxConnsPerRun, "most requests and tunnels one run holds open at once through the proxy")
+	cfg.TunnelHandshakeTimeout = proxy.DefaultHandshakeTimeout
+	fs.Var(durationValue{&cfg.TunnelHandshakeTimeout}, "tunnel-handshake-timeout", "`duration` from a CONNECT's 200 to its TLS handshake (or first byte)")
+	cfg.ClientIdleTimeout = proxy.DefaultIdleTimeout
+	fs.Var(durationValue{&cfg.ClientIdleTimeout}, "client-idle-timeout", "`duration` a proxy client may be silent: mid-body, between requests in a tunnel, both ways in a pass-through tunnel")
 	return fs, cfg
 }
 
@@ -211,6 +228,19 @@ func (c *serveConfig) validate(source map[string]string) error {
 	if c.RequireRunToken && c.RunTokenSecret == "" {
 		return bad("require-run-token", "needs --run-token-secret (or STOPGATE_RUN_TOKEN_SECRET)")
 	}
+	if err := proxy.CheckDestinationRules(c.AllowDest, nil); err != nil {
+		return bad("allow-dest", "%v", err)
+	}
+	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
+		if n <= 0 {
+			return bad(name, "%d: want a positive number", n)
+		}
+	}
+	for name, d := range map[string]time.Duration{"tunnel-handshake-timeout": c.TunnelHandshakeTimeout, "client-idle-timeout": c.ClientIdleTimeout} {
+		if d <= 0 {
+			return bad(name, "%s: want a positive duration", d)
+		}
+	}
 	if c.SpoolDir != "" {
 		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {
 			return bad("spool-dir", "%s is not a directory", c.SpoolDir)
@@ -260,6 +290,26 @@ func (v durationValue) Set(s string) error {
 		return errors.New("want a duration such as 30s or 2m")
 	}
 	*v.d = d
+	return nil
+}
+
+// listValue is a repeatable flag; each value may also be a comma-separated
+// list, which is how an environment variable gives several.
+type listValue struct{ l *[]string }
+
+func (v listValue) String() string {
+	if v.l == nil {
+		return ""
+	}
+	return strings.Join(*v.l, ",")
+}
+
+func (v listValue) Set(s string) error {
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*v.l = append(*v.l, item)
+		}
+	}
 	return nil
 }
 

@@ -73,9 +73,19 @@ type server struct {
 	err     error // of Wait, once done is closed
 }
 
-// startServe starts `stopgate serve` with args on fresh loopback ports and
-// waits until /healthz answers.
+// testUpstreams is the one allow these tests need: their providers and
+// sites listen on loopback, which the proxy refuses by default.
+const testUpstreams = "127.0.0.1"
+
+// startServe starts `stopgate serve` with args on fresh loopback ports,
+// allowing the tests' loopback upstreams, and waits until /healthz answers.
 func startServe(t *testing.T, args ...string) *server {
+	t.Helper()
+	return startServeAsShipped(t, append([]string{"--allow-dest", testUpstreams}, args...)...)
+}
+
+// startServeAsShipped is startServe with nothing allowed but what args say.
+func startServeAsShipped(t *testing.T, args ...string) *server {
 	t.Helper()
 	s := &server{
 		t:       t,
