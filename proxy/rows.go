@@ -113,5 +113,8 @@ func (p *Proxy) refuseEarly(w http.ResponseWriter, req *http.Request, r *refusal
 	p.tel.Decided(req.Context(), telemetry.Decision{
 		Boundary: boundary, Result: telemetry.Refused, Reason: string(r.Code), Method: req.Method, Host: hostOf(req),
 	})
+	// The connection is let go with the answer, not kept for another
+	// request: a client refused for holding too much must not hold more.
+	w.Header().Set("Connection", "close")
 	r.WriteHTTP(w)
 }
