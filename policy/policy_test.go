@@ -89,7 +89,7 @@ func TestShippedExamplePolicyIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Webhooks) == 0 || len(p.Lookups) == 0 {
+	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Webhooks) == 0 || len(p.Lookups) == 0 || len(p.Destinations.Allow) == 0 || len(p.Destinations.Deny) == 0 {
 		t.Fatalf("the example should show every rule: %+v", p)
 	}
 }
