@@ -1,7 +1,7 @@
 GO ?= go
 BIN := bin/stopgate
 
-.PHONY: build run test test-deps bench bench-micro soak
+.PHONY: build run test test-deps bench bench-micro soak fuzz load
 
 build:
 	$(GO) build -o $(BIN) ./cmd/proxy
@@ -44,3 +44,20 @@ bench-micro: test-deps
 soak: test-deps
 	STOPGATE_RACE_ROUNDS=200 $(GO) test -count=1 -run 'Race' ./proxy
 	STOPGATE_RACE_ROUNDS=100 $(GO) test -count=1 -run 'TestConformance/GuardRacing' ./state/filestore ./state/redisstore
+
+# The fuzz targets, one after the other, each for FUZZTIME (make test runs
+# their seeds only). A finding stops the run and is kept under the package's
+# testdata/fuzz as a regression seed.
+FUZZTIME ?= 2m
+FUZZ_TARGETS := ./proxy:FuzzIdentify ./proxy:FuzzSpool ./proxy:FuzzDestinationCheck ./policy:FuzzPolicyParse
+fuzz:
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s $$pkg || exit 1; \
+	done
+
+# What a stopgate process holds (memory, descriptors) under 2 000 idle
+# CONNECTs and 2 000 trickling request bodies, with the default caps and
+# with caps raised past the load (STOPGATE_LOAD_CONNS sets the count).
+load:
+	STOPGATE_LOAD=1 $(GO) test -count=1 -run TestLoadHeldConnections -v -timeout 20m ./cmd/proxy

@@ -1,8 +1,10 @@
 // Package policy reads the operator's YAML policy file: which hosts are
 // tunnelled unseen, which destinations a CANCELLING run may still reach,
-// which destinations' requests have effects outside, which webhook sources
-// may reconcile UNKNOWN intents, and how to look an intent up at its
-// provider. It only parses and validates; it never acts.
+// which destinations the proxy may connect to at all, which destinations'
+// requests have effects outside, which webhook sources may reconcile
+// UNKNOWN intents, and how to look an intent up at its provider. It owns
+// the syntax of a destination rule, which --allow-dest shares. It only
+// parses and validates; it never acts.
 package policy
 
 import (
@@ -25,6 +27,9 @@ type Policy struct {
 	PassThrough []string `yaml:"pass_through"`
 	// Delivery hosts may still be reached while the run is CANCELLING.
 	Delivery []string `yaml:"delivery"`
+	// Destinations allow (loopback and private addresses are refused
+	// unless allowed) and deny where the proxy connects.
+	Destinations Destinations `yaml:"destinations"`
 	// Webhooks name the sources that may resolve UNKNOWN intents by a signed POST.
 	Webhooks map[string]Webhook `yaml:"webhooks"`
 	// Lookups ask providers what happened to an UNKNOWN intent.
@@ -145,6 +150,11 @@ func (p *Policy) validate() error {
 		case EffectsNone, EffectsWrites, EffectsAll:
 		default:
 			return fmt.Errorf("effects.%s: %q: want none, writes or all", host, e)
+		}
+	}
+	for field, list := range map[string][]string{"destinations.allow": p.Destinations.Allow, "destinations.deny": p.Destinations.Deny} {
+		if _, err := ParseDestinationRules(list); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
 		}
 	}
 	for name, w := range p.Webhooks {

@@ -59,6 +59,13 @@ func TestParseRejectsBadPolicies(t *testing.T) {
 		{"lookups: [{host: a, url: 'https://a/{key}', applied: [200], not_applied: [200]}]", "both applied and not applied"},
 		{"lookups: [{host: a, url: 'https://a/{key}', applied: [200], not_applied: [404], interval: soon}]", "not a positive duration"},
 		{"[", "yaml"},
+		{"destinations: {allow: [\"https://x/\"]}", "destinations.allow: destination \"https://x/\": a URL"},
+		{"destinations: {deny: [10.1.0.0/8]}", "destinations.deny: destination \"10.1.0.0/8\": host bits are set (did you mean 10.0.0.0/8?)"},
+		{"destinations: {allow: [\"*\"]}", "a wildcard is only *.domain"},
+		{"destinations: {allow: [\"a.example.com:http\"]}", "is not a number from 1 to 65535"},
+		{"destinations: {allow: [\"10.0.0.0/8:443\"]}", "not a CIDR"},
+		{"destinations: {allow: [\"\"]}", "empty"},
+		{"destinations: {permit: [x]}", "field permit not found"},
 	} {
 		_, err := policy.Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -87,7 +94,7 @@ func TestShippedExamplePolicyIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Lookups) == 0 {
+	if len(p.PassThrough) == 0 || len(p.Delivery) == 0 || len(p.Lookups) == 0 || len(p.Destinations.Allow) == 0 || len(p.Destinations.Deny) == 0 || len(p.Effects) == 0 {
 		t.Fatalf("the example should show every rule: %+v", p)
 	}
 	b, err := os.ReadFile("../deploy/stopgate.yaml")
@@ -117,4 +124,73 @@ func TestEffectsPerDestination(t *testing.T) {
 			t.Errorf("accepted %q", bad)
 		}
 	}
+}
+
+func TestDestinationRules(t *testing.T) {
+	p, err := policy.Parse([]byte(`
+destinations:
+  allow: [10.0.0.0/8, "fd00::/8", 127.0.0.1, "127.0.0.1:9000", "[::1]:9000", "::ffff:192.168.0.0/112", internal.corp, "*.svc.cluster.local:8443", "API.Example.COM."]
+  deny: [10.9.0.0/16, wiki.internal.corp]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, err := policy.ParseDestinationRules(p.Destinations.Allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range allow {
+		got = append(got, r.String())
+	}
+	want := []string{"10.0.0.0/8", "fd00::/8", "127.0.0.1", "127.0.0.1:9000", "[::1]:9000", "192.168.0.0/16", "internal.corp", "*.svc.cluster.local:8443", "api.example.com"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("allow rules read as %q, want %q", got, want)
+	}
+	if r := allow[3]; r.Port != 9000 || !r.Prefix.IsSingleIP() || r.Host != "" {
+		t.Fatalf("IP:port rule %+v", r)
+	}
+	if len(p.Destinations.Deny) != 2 {
+		t.Fatalf("deny %q", p.Destinations.Deny)
+	}
+}
+
+// FuzzPolicyParse: whatever the file, Parse answers a policy or an error
+// and never panics; a policy it accepts has only destination rules that
+// read back to themselves, and parses again the same way.
+func FuzzPolicyParse(f *testing.F) {
+	for _, seed := range []string{
+		"",
+		"pass_through: [\"*.googleapis.com\"]\ndelivery: [hooks.example.com]",
+		"destinations: {allow: [10.0.0.0/8, \"127.0.0.1:9000\", internal.corp], deny: [10.9.0.0/16]}",
+		"destinations: {allow: [\"::ffff:10.0.0.0/104\", \"[::1]:80\", \"*.corp\"]}",
+		"webhooks: {ops: {secret: s}}",
+		"lookups: [{host: a, url: 'https://a/{key}', applied: [200], not_applied: [404], interval: 2s}]",
+		"destinations: {allow: [\"10.1.0.0/8\"]}",
+		"[",
+		"destinations: [1, 2]",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		p, err := policy.Parse(doc)
+		if err != nil {
+			return
+		}
+		for _, list := range [][]string{p.Destinations.Allow, p.Destinations.Deny} {
+			rules, err := policy.ParseDestinationRules(list)
+			if err != nil {
+				t.Fatalf("Parse accepted %q but its rules do not parse: %v", list, err)
+			}
+			for _, r := range rules {
+				again, err := policy.ParseDestinationRule(r.String())
+				if err != nil || again != r {
+					t.Fatalf("rule %+v reads back from %q as %+v, %v", r, r.String(), again, err)
+				}
+			}
+		}
+		if _, err := policy.Parse(doc); err != nil {
+			t.Fatalf("the same document parsed once and then failed: %v", err)
+		}
+	})
 }

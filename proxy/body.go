@@ -42,17 +42,24 @@ var errBodyIncomplete = errors.New("the request body ended before its framing sa
 // Only a clean io.EOF ends a body: any other error, io.ErrUnexpectedEOF
 // from a truncated framing included, refuses it.
 func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
+	return spoolWith(r, dir, limit, memoryBodyLimit)
+}
+
+// spoolWith is spool keeping at most inMemory bytes in memory.
+func spoolWith(r io.Reader, dir string, limit, inMemory int64) (*spooledBody, error) {
 	h := sha256.New()
-	head := make([]byte, memoryBodyLimit+1)
-	n, err := readFull(io.TeeReader(r, h), head)
+	// The buffer grows with what arrives: a client that sends slowly holds
+	// the bytes it sent, not the whole memory limit up front.
+	var head bytes.Buffer
+	n, err := head.ReadFrom(io.LimitReader(io.TeeReader(r, h), inMemory+1))
 	if err != nil {
 		return nil, bodyError(err)
 	}
-	if n <= memoryBodyLimit {
-		if int64(n) > limit {
+	if n <= inMemory {
+		if n > limit {
 			return nil, errBodyTooLarge
 		}
-		return &spooledBody{Reader: bytes.NewReader(head[:n]), size: int64(n), digest: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
+		return &spooledBody{Reader: bytes.NewReader(head.Bytes()), size: n, digest: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
 	}
 	f, err := os.CreateTemp(dir, "stopgate-body-*")
 	if err != nil {
@@ -60,7 +67,7 @@ func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 	}
 	// Unlinked at once: the file is gone whatever happens to this process.
 	_ = os.Remove(f.Name())
-	written, err := io.Copy(f, io.LimitReader(io.MultiReader(bytes.NewReader(head[:n]), io.TeeReader(r, h)), limit+1))
+	written, err := io.Copy(f, io.LimitReader(io.MultiReader(&head, io.TeeReader(r, h)), limit+1))
 	if err != nil {
 		_ = f.Close()
 		return nil, bodyError(err)
@@ -74,24 +81,6 @@ func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 		return nil, fmt.Errorf("rewind spooled body: %w", err)
 	}
 	return &spooledBody{Reader: f, size: written, digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), file: f}, nil
-}
-
-// readFull reads into buf until it is full or the reader ends. Unlike
-// io.ReadFull it passes on the reader's own error: a short body that ends
-// cleanly is io.EOF (nil here), a truncated one io.ErrUnexpectedEOF.
-func readFull(r io.Reader, buf []byte) (int, error) {
-	n := 0
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 func bodyError(err error) error {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,14 +80,21 @@ func newProvider(t *testing.T, name string) *provider {
 	return p
 }
 
-// withProvider returns env options whose proxy dials the provider's name to
-// its loopback listener and trusts its CA.
+// withProvider returns env options whose proxy resolves the provider's
+// name to loopback, dials its ports to the provider's listeners, and trusts
+// its CA.
 func withProvider(p *provider, opts envOptions) envOptions {
+	opts.resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+		if host == p.name {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		}
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	}
 	opts.dial = func(ctx context.Context, network, target string) (net.Conn, error) {
 		switch target {
-		case p.name + ":443":
+		case "127.0.0.1:443":
 			target = p.srv.Listener.Addr().String()
-		case p.name + ":80":
+		case "127.0.0.1:80":
 			target = p.plain.Listener.Addr().String()
 		}
 		var d net.Dialer

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net"
 	"net/netip"
 )
 
@@ -21,13 +20,12 @@ func dialPin(ctx context.Context) (netip.AddrPort, bool) {
 	return addr, ok
 }
 
-// dial is the one function every upstream connection goes through: plain
-// and intercepted requests, pass-through tunnels, in proxy and transparent
-// mode. The address it dials is the address that must be checked, so a
-// destination check belongs here and nowhere else.
-func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+// checkedAddr is the address a request must be checked for: the original
+// destination when the kernel redirected its connection (the address that
+// will be dialled, whatever name the request carries), else hostport.
+func checkedAddr(ctx context.Context, hostport string) string {
 	if pin, ok := dialPin(ctx); ok {
-		addr = pin.String()
+		return pin.String()
 	}
-	return p.cfg.DialContext(ctx, network, addr)
+	return hostport
 }

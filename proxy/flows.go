@@ -113,6 +113,8 @@ type flowSet struct {
 	metrics *telemetry.Metrics
 	flows   prometheus.Gauge
 	tunnels prometheus.Gauge
+	// seen learns every row the watcher hands over.
+	seen *seenRows
 }
 
 func newFlowSet(m *telemetry.Metrics) *flowSet {
@@ -186,6 +188,9 @@ func (s *flowSet) Runs() []string {
 // their way back, which keep their drain. The watcher reads the row again
 // at the drain deadline.
 func (s *flowSet) Enforce(run state.Run) {
+	if s.seen != nil {
+		s.seen.learn(run)
+	}
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

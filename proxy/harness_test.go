@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"sync"
 	"testing"
@@ -58,7 +59,22 @@ type envOptions struct {
 	registry prometheus.Registerer
 	// storeTimeout bounds each store step (5s when zero).
 	storeTimeout time.Duration
+	// asShipped leaves out the allow every other test has for its
+	// loopback upstreams: the destination rules as an operator gets them.
+	asShipped bool
+	allowDest []string
+	denyDest  []string
+	protected []proxy.Protected
+	resolve   func(ctx context.Context, host string) ([]netip.Addr, error)
+	runs      proxy.RunReader
+	// maxConns, maxPerRun, handshake and idle: the caps and timeouts (0: defaults).
+	maxConns, maxPerRun int
+	handshake, idle     time.Duration
 }
+
+// testUpstreams is the one allow the tests need: their upstreams listen on
+// loopback, which the proxy refuses by default.
+const testUpstreams = "127.0.0.1"
 
 func newEnv(t testing.TB, opts envOptions) *env {
 	t.Helper()
@@ -104,10 +120,15 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	ledger := intents.NewLedger(opts.store, intents.LedgerOptions{Owner: "proxy:test", LeaseTTL: ttl, StoreTimeout: storeTimeout, Logger: log})
 	watcher := runwatch.New(opts.store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: time.Second, Logger: log})
 	tel := telemetry.New(telemetry.Options{Logger: log, Registry: opts.registry})
+	allow := opts.allowDest
+	if !opts.asShipped {
+		allow = append([]string{testUpstreams}, allow...)
+	}
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
 		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
-		Logger: log,
+		Logger: log, AllowDest: allow, DenyDest: opts.denyDest, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
+		MaxConns: opts.maxConns, MaxConnsPerRun: opts.maxPerRun, HandshakeTimeout: opts.handshake, IdleTimeout: opts.idle,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -79,12 +79,33 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	if fallback != nil && fallback.bound {
 		return *fallback, nil
 	}
+	// Two values of a header that names the run are two answers to one
+	// question: refused, rather than letting the first (or the last) win
+	// where a client and something in front of it disagree.
+	for _, k := range [...]string{HeaderRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization"} {
+		if n := len(h.Values(k)); n > 1 {
+			return identity{}, fmt.Errorf("%w: %d %s headers: send one", state.ErrInvalid, n, k)
+		}
+	}
 	run := h.Get(HeaderRunID)
 	if tok := h.Get(HeaderRunToken); tok != "" {
 		if h.Get(HeaderRunVersion) != "" {
 			return identity{}, fmt.Errorf("%w: %s and %s together: the token carries the version", state.ErrInvalid, HeaderRunToken, HeaderRunVersion)
 		}
 		return tc.verify(tok, run, "token header")
+	}
+	if auth := h.Get("Proxy-Authorization"); run != "" && auth != "" && tc.signer != nil {
+		// A token as the proxy password next to X-Run-ID: the token is the
+		// identity, and the header must name its run.
+		if user, pass, ok := basicCredentials(auth); ok && runtoken.IsToken(pass) {
+			if h.Get(HeaderRunVersion) != "" {
+				return identity{}, fmt.Errorf("%w: %s and a run token together: the token carries the version", state.ErrInvalid, HeaderRunVersion)
+			}
+			if user != run {
+				return identity{}, badCredentials{fmt.Sprintf("%s names run %s, the proxy credentials run %s", HeaderRunID, run, user)}
+			}
+			return tc.verify(pass, run, "credentials token")
+		}
 	}
 	if run != "" || h.Get(HeaderRunVersion) != "" {
 		if run == "" {
@@ -108,16 +129,29 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	return identity{}, errNoIdentity
 }
 
+// basicCredentials reads Basic user:password; ok is false if it is not that.
+func basicCredentials(auth string) (user, pass string, ok bool) {
+	scheme, encoded, found := strings.Cut(auth, " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
+	if err != nil {
+		return "", "", false
+	}
+	user, pass, _ = strings.Cut(string(raw), ":")
+	return user, pass, true
+}
+
 func fromCredentials(auth string, tc tokenCheck) (identity, error) {
 	scheme, encoded, ok := strings.Cut(auth, " ")
 	if !ok || !strings.EqualFold(scheme, "Basic") {
 		return identity{}, badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
 	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
-	if err != nil {
+	if _, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded)); err != nil {
 		return identity{}, badCredentials{"Proxy-Authorization is not valid base64"}
 	}
-	run, pass, _ := strings.Cut(string(raw), ":")
+	run, pass, _ := basicCredentials(auth)
 	if err := state.ValidateRunID(run); err != nil {
 		return identity{}, badCredentials{"proxy credentials user (the run id): " + err.Error()}
 	}

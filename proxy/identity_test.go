@@ -99,6 +99,13 @@ func TestRunTokens(t *testing.T) {
 		{"required: headers without a token", http.Header{"X-Run-Id": {"r1"}}, nil, required, identity{}, "a signed run token is required"},
 		{"required: the static run still binds", http.Header{}, static, required, *static, ""},
 		{"optional: a version still works", http.Header{"Proxy-Authorization": {basic("r1:1")}}, nil, optional, identity{run: "r1", version: 1, via: "credentials"}, ""},
+		{"required: a token password with its own X-Run-ID", http.Header{"Proxy-Authorization": {basic("r1:" + tok)}, "X-Run-Id": {"r1"}}, nil, required, identity{run: "r1", version: 1, via: "credentials token"}, ""},
+		{"a token password with another X-Run-ID", http.Header{"Proxy-Authorization": {basic("r1:" + tok)}, "X-Run-Id": {"r2"}}, nil, optional, identity{}, "X-Run-ID names run r2, the proxy credentials run r1"},
+		{"a token password with X-Run-Version", http.Header{"Proxy-Authorization": {basic("r1:" + tok)}, "X-Run-Id": {"r1"}, "X-Run-Version": {"1"}}, nil, optional, identity{}, "the token carries the version"},
+		{"two X-Run-Token", http.Header{"X-Run-Token": {tok, tok}}, nil, optional, identity{}, "2 X-Run-Token headers"},
+		{"two X-Run-ID", http.Header{"X-Run-Id": {"r1", "r2"}}, nil, optional, identity{}, "2 X-Run-ID headers"},
+		{"two X-Run-Version", http.Header{"X-Run-Id": {"r1"}, "X-Run-Version": {"1", "1"}}, nil, optional, identity{}, "2 X-Run-Version headers"},
+		{"two Proxy-Authorization", http.Header{"Proxy-Authorization": {basic("r1:1"), basic("r2:1")}}, nil, optional, identity{}, "2 Proxy-Authorization headers"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := identify(tc.header, tc.fallback, tc.check)

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -71,10 +72,43 @@ type Config struct {
 	// DialTimeout bounds connecting to an upstream.
 	DialTimeout time.Duration
 	// DialContext, if set, connects to upstreams instead of a plain
-	// net.Dialer (egress through a chosen interface, or a fixed address for
-	// a name, as tests do for their loopback providers).
+	// net.Dialer (egress through a chosen interface, say). It is given the
+	// address the destination check resolved and allowed (IP:port), never
+	// a name.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger      *slog.Logger
+
+	// AllowDest and DenyDest are the operator's destination rules
+	// (policy.ParseDestinationRule): --allow-dest and the policy's
+	// destinations. Loopback and private addresses are refused unless
+	// allowed; deny wins over allow.
+	AllowDest, DenyDest []string
+	// Protected are stopgate's own listeners and its store's addresses:
+	// never a destination, whatever is allowed.
+	Protected []Protected
+	// Resolve, if set, replaces DNS for upstream names (tests: a provider's
+	// name on loopback). Names are resolved once per request or tunnel.
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+
+	// Runs, if set, reads a run's row when a request announces its body
+	// with Expect: 100-continue, so that a run that is no longer ACTIVE is
+	// refused before its body is sent (bounded by StoreTimeout).
+	Runs         RunReader
+	StoreTimeout time.Duration
+
+	// MaxConns and MaxConnsPerRun cap the exchanges open at once (requests
+	// being proxied, tunnels); past them the answer is 429
+	// too_many_connections. Zero means the defaults.
+	MaxConns, MaxConnsPerRun int
+	// HandshakeTimeout bounds a tunnel's start, IdleTimeout a client's
+	// silence (mid-body, between requests in a tunnel, both ways of a
+	// pass-through tunnel). Zero means the defaults.
+	HandshakeTimeout, IdleTimeout time.Duration
+}
+
+// RunReader reads a run's row (state.Store does).
+type RunReader interface {
+	Get(ctx context.Context, runID string) (state.Run, error)
 }
 
 // Proxy is the egress proxy; it is an http.Handler.
@@ -87,6 +121,11 @@ type Proxy struct {
 	flows     *flowSet
 	static    *identity
 	tokens    tokenCheck
+	dests     *destinations
+	outbound  outboundSet
+	limits    *limits
+	seen      *seenRows
+	mitmTLS   func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
 }
 
 // New builds a proxy from cfg and registers its open flows with the watcher.
@@ -112,11 +151,38 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RequireToken && cfg.Tokens == nil {
 		return nil, errors.New("proxy: run tokens are required but no token secret is configured")
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = state.DefaultTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxConnsPerRun <= 0 {
+		cfg.MaxConnsPerRun = DefaultMaxConnsPerRun
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+	defer cancel()
+	dests, err := newDestinations(ctx, destinationRules{
+		allow: cfg.AllowDest, deny: cfg.DenyDest, protected: cfg.Protected, resolve: cfg.Resolve, local: localAddrs(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
 	p := &Proxy{
 		cfg: cfg, log: cfg.Logger, tel: cfg.Telemetry,
 		flows:  newFlowSet(cfg.Telemetry.Metrics()),
 		tokens: tokenCheck{signer: cfg.Tokens, require: cfg.RequireToken},
+		dests:  dests,
+		limits: &limits{max: cfg.MaxConns, perRun: cfg.MaxConnsPerRun, open: cfg.Telemetry.Metrics().Open.WithLabelValues("exchanges")},
+		seen:   newSeenRows(4096),
 	}
+	p.flows.seen = p.seen
 	if cfg.StaticRun != "" {
 		if err := state.ValidateRunID(cfg.StaticRun); err != nil {
 			return nil, fmt.Errorf("static run: %w", err)
@@ -153,6 +219,7 @@ func New(cfg Config) (*Proxy, error) {
 	})
 	if cfg.CA != nil {
 		gp.CertStore = &certCache{}
+		p.mitmTLS = goproxy.TLSConfigFromCA(&cfg.CA.Cert)
 	}
 	gp.OnRequest().HandleConnectFunc(p.handleConnect)
 	gp.OnRequest().DoFunc(p.handleRequest)
@@ -163,7 +230,33 @@ func New(cfg Config) (*Proxy, error) {
 
 // ServeHTTP serves proxy traffic.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodConnect || r.Header.Get("Upgrade") == "" {
+	if p.outbound.has(r.RemoteAddr) {
+		p.refuseEarly(w, r, refusal.New(refusal.DestinationDenied,
+			"this request came back to stopgate through its own egress: none of stopgate's listeners is a destination; nothing was sent"))
+		return
+	}
+	s := p.limits.take(p.cfg.HandshakeTimeout, p.cfg.IdleTimeout)
+	if s == nil {
+		p.refuseEarly(w, r, refusal.New(refusal.TooManyConnections,
+			"the proxy holds %d open exchanges, its cap (--max-conns): try again when some have ended; nothing was sent", p.cfg.MaxConns))
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), slotKey{}, s))
+	if r.Method == http.MethodConnect {
+		// The tunnel outlives ServeHTTP: its client connection frees the slot.
+		p.gp.ServeHTTP(&hijackWriter{ResponseWriter: w, slot: s}, r)
+		if !s.hijacked {
+			s.free()
+		}
+		return
+	}
+	defer s.free()
+	if r.Body != nil && r.Body != http.NoBody {
+		body := &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: p.cfg.IdleTimeout}
+		r.Body = body
+		defer body.bound()
+	}
+	if r.Header.Get("Upgrade") == "" {
 		p.gp.ServeHTTP(w, r)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -36,6 +37,12 @@ type exchange struct {
 	ctx context.Context
 	// store is how long the guard took.
 	store time.Duration
+	// slot is a tunnel's place under the caps on open exchanges.
+	slot *slot
+	// dest is a pass-through tunnel's checked destination.
+	dest target
+	// detail is for the operator, in the decision's line.
+	detail string
 }
 
 // exchangeOf returns the exchange of a goproxy context, nil if it has none.
@@ -64,6 +71,9 @@ func (p *Proxy) refuse(req *http.Request, ex *exchange, boundary state.Boundary,
 		// The cause is for the operator, in the same line.
 		d.Detail = r.Message
 	}
+	if ex.detail != "" {
+		d.Detail = ex.detail
+	}
 	p.tel.Decided(req.Context(), d)
 	return r.Response(req)
 }
@@ -76,12 +86,24 @@ func hostOf(req *http.Request) string {
 	return req.Host
 }
 
-// handleRequest guards one request (plain, or inside a MITM tunnel).
+// handleRequest guards one request (plain, or inside a MITM tunnel). In
+// order: who is asking (identity, then its run's share of the open
+// exchanges), what it asks (its idempotency key), where it goes (the
+// destination, before any guard), whether the guard can answer before the
+// body is read, the body, then the guard.
 func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	ex := &exchange{start: time.Now()}
 	fallback := p.boundRun(req)
-	if tunnel := exchangeOf(pctx); tunnel != nil {
+	s := slotOf(req.Context())
+	tunnel := exchangeOf(pctx)
+	if tunnel != nil {
 		ex.inTunnel = true
+		// A request inside a tunnel: the tunnel has started, and from now
+		// on its client's silences are bounded by the idle timeout.
+		s = tunnel.slot
+		if s != nil {
+			s.mode.CompareAndSwap(readHandshake, readIdle)
+		}
 		if tunnel.hasID {
 			fallback = &tunnel.id
 		}
@@ -93,26 +115,15 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	}
 	ex.id, ex.hasID = id, true
 	stripIdentity(req.Header)
-
-	if req.Body != nil && req.Body != http.NoBody {
-		body, err := spool(req.Body, p.cfg.SpoolDir, p.cfg.MaxBody)
-		_ = req.Body.Close()
-		if err != nil {
-			return req, p.refuse(req, ex, state.BoundaryHTTP, p.bodyRefusal(req, err))
-		}
-		ex.body = body
-		req.Body = body
-		req.ContentLength = body.size
-		req.TransferEncoding = nil
-		req.Header.Set("Content-Length", strconv.FormatInt(body.size, 10))
+	// A plain request counts against its run while it is proxied; a
+	// tunnel against the run that first names itself in it.
+	if s != nil && !s.name(id.run) {
+		return req, p.refuse(req, ex, state.BoundaryHTTP, refusal.New(refusal.TooManyConnections,
+			"run %s holds %d open exchanges through this proxy, its cap (--max-conns-per-run): try again when some have ended; nothing was sent", id.run, p.cfg.MaxConnsPerRun))
 	}
-	digest := ""
-	if ex.body != nil {
-		digest = ex.body.digest
-	}
-	key, explicit := req.Header.Get("Idempotency-Key"), true
-	if key == "" {
-		key, explicit = intents.DerivedKey(id.run, req.Method, req.URL.String(), digest), false
+	key, explicit, r := idempotencyKey(req.Header)
+	if r != nil {
+		return req, p.refuse(req, ex, state.BoundaryHTTP, r)
 	}
 	allow := p.cfg.Delivery.Match(req.URL.Host)
 	boundary := state.BoundaryHTTP
@@ -121,18 +132,128 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	}
 	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: key, ExplicitKey: explicit,
-		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL), BodyDigest: digest,
+		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL),
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
+	}
+	if !explicit {
+		greq.Key = intents.DerivedKey(id.run, req.Method, req.URL.String(), "")
+	}
+	dest, r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq)
+	if r != nil {
+		return req, p.refuse(req, ex, boundary, r)
+	}
+	if p.guardFirst(req, id, allow) {
+		// The run is known not to admit this: guarded before the body is
+		// read, under the key the request has without it (its digest is
+		// unknown: the body is never read).
+		if r := p.guard(req, ex, greq); r != nil {
+			return req, p.refuse(req, ex, boundary, r)
+		}
+		// The store admitted it after all (a row that was removed and
+		// auto-admitted again): nothing was sent, and the request goes
+		// on to be guarded with its body, as any other.
+		p.finish(req.Context(), ex, state.IntentNotSent, 0, "admitted before its body was read; guarded again with its body")
+		ex.flow = nil
+	}
+
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := spool(req.Body, p.cfg.SpoolDir, p.cfg.MaxBody)
+		_ = req.Body.Close()
+		if err != nil {
+			return req, p.refuse(req, ex, boundary, p.bodyRefusal(req, err))
+		}
+		ex.body = body
+		req.Body = body
+		req.ContentLength = body.size
+		req.TransferEncoding = nil
+		req.Header.Set("Content-Length", strconv.FormatInt(body.size, 10))
+	}
+	if ex.body != nil {
+		greq.BodyDigest = ex.body.digest
+	}
+	if !explicit {
+		greq.Key = intents.DerivedKey(id.run, req.Method, req.URL.String(), greq.BodyDigest)
 	}
 	if r := p.guard(req, ex, greq); r != nil {
 		closeBody(ex.body)
 		return req, p.refuse(req, ex, boundary, r)
 	}
-	ctx, cut := context.WithCancelCause(req.Context())
+	// The round trip dials the addresses the destination check resolved.
+	ctx, cut := context.WithCancelCause(withTarget(req.Context(), dest))
 	ex.ctx, ex.flow.cut = ctx, cut
 	p.flows.add(ex.flow)
 	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
 	return req, nil
+}
+
+// idempotencyKey reads the request's Idempotency-Key: ("", false) when
+// there is none, a refusal when it cannot be the key of an effect.
+func idempotencyKey(h http.Header) (string, bool, *refusal.Refusal) {
+	values := h.Values("Idempotency-Key")
+	switch {
+	case len(values) == 0 || len(values) == 1 && values[0] == "":
+		return "", false, nil
+	case len(values) > 1:
+		return "", false, refusal.New(refusal.InvalidRequest, "%d Idempotency-Key headers: one effect has one key; nothing was sent", len(values))
+	}
+	key := values[0]
+	if err := state.ValidateKey(key); err != nil {
+		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %v; nothing was sent", err)
+	}
+	// The control API keys queue claims "claim:<step>" and scheduled
+	// retries "retry:<step>:<n>": an agent's request under one of these
+	// would overwrite that record.
+	for _, prefix := range [...]string{"claim:", "retry:"} {
+		if strings.HasPrefix(strings.ToLower(key), prefix) {
+			return "", false, refusal.New(refusal.InvalidRequest,
+				"Idempotency-Key %q starts with %q, which stopgate reserves for queue claims and retries of the control API; nothing was sent", key, prefix)
+		}
+	}
+	return key, true, nil
+}
+
+// destination checks where the request (or tunnel) goes, before any
+// guard. A refused destination is recorded in the run's audit, in the
+// guard's one step (GuardRequest.Refuse), when the request names a run;
+// without one it is logged and counted only. A name that does not resolve
+// is not refused here: the dial resolves it again and the round trip
+// records what it got (NOT_SENT).
+func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, greq state.GuardRequest) (target, *refusal.Refusal) {
+	t, err := p.dests.check(req.Context(), hostport)
+	if err == nil || errors.Is(err, errUnresolved) {
+		return t, nil
+	}
+	r := refusal.FromError(err)
+	if r.Code != refusal.DestinationDenied || !ex.hasID {
+		return t, r
+	}
+	r.RunID, r.ObservedVersion = ex.id.run, ex.id.version
+	greq.Refuse = string(refusal.DestinationDenied)
+	started := time.Now()
+	res, err := p.cfg.Ledger.Begin(req.Context(), greq)
+	ex.store = time.Since(started)
+	switch {
+	case err != nil:
+		ex.detail = "the refusal could not be recorded: " + err.Error()
+	case res.Refusal == greq.Refuse:
+		r.Intent, r.Recorded = res.Intent.Key, state.IntentCancelledBeforeDispatch
+		r.Message += "; recorded " + string(state.IntentCancelledBeforeDispatch) + " under " + res.Intent.Key
+		p.seen.learn(res.Run)
+	}
+	return t, r
+}
+
+// canonicalAddr is the host:port a request's URL dials, as Go's transport
+// names it (the scheme's port when the URL has none).
+func canonicalAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" || u.Scheme == "wss" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // guard runs the one atomic guard for the exchange's effect. Admitted, the
@@ -145,6 +266,7 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	if err == nil && !res.Admitted {
 		// The row says the run moved on: whatever else of it is open here
 		// learns now rather than at the next broadcast or re-check.
+		p.seen.learn(res.Run)
 		p.cfg.Watcher.Observe(context.WithoutCancel(req.Context()), res.Run)
 		err = refusal.FromGuard(greq, res)
 	}
@@ -179,6 +301,13 @@ func (p *Proxy) bodyRefusal(req *http.Request, err error) *refusal.Refusal {
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		return refusal.Wrap(err, refusal.BodyTooLarge, "request body is larger than %d bytes (the proxy's --max-body); nothing was sent", p.cfg.MaxBody)
+	case timedOut(err):
+		return refusal.Wrap(err, refusal.BadRequestBody, "the client sent no byte of its request body for %s (the proxy's --client-idle-timeout); nothing was sent", p.cfg.IdleTimeout)
+	case errors.Is(err, errBodyIncomplete):
+		// Before the context: a client that ends its side mid-body also
+		// ends the request's context, but what it did is send a short
+		// body, and it may still be reading the answer.
+		return refusal.Wrap(err, refusal.BadRequestBody, "%v; nothing was sent", err)
 	case req.Context().Err() != nil:
 		return refusal.Wrap(err, refusal.ClientGone, "the client went away while sending the request body; nothing was sent")
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -21,52 +22,89 @@ import (
 // handleConnect decides what a CONNECT becomes. Pass-through hosts are
 // guarded here, one intent per tunnel; every other host is intercepted and
 // each request inside is guarded on its own, carrying the CONNECT's
-// identity for requests that bring none of their own.
+// identity for requests that bring none of their own. Either way the
+// destination is checked here, before any guard, so that a client learns
+// at the CONNECT, where it can read the answer, that it may not go there.
 func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	req := pctx.Req
-	ex := &exchange{start: time.Now()}
+	ex := &exchange{start: time.Now(), slot: slotOf(req.Context())}
 	pctx.UserData = ex
-	reject := func(boundary state.Boundary, r *refusal.Refusal) (*goproxy.ConnectAction, string) {
+	passThrough := p.cfg.PassThrough.Match(host)
+	boundary := state.BoundaryHTTP
+	if passThrough {
+		boundary = state.BoundaryTunnel
+	}
+	reject := func(r *refusal.Refusal) (*goproxy.ConnectAction, string) {
 		pctx.Resp = p.refuse(req, ex, boundary, r)
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 	}
+	if !passThrough && p.cfg.CA == nil {
+		return reject(refusal.New(refusal.InterceptionDisabled,
+			"this proxy has no CA to intercept %s and it is not a pass-through host", host))
+	}
 	id, err := identify(req.Header, p.boundRun(req), p.tokens)
-	if !p.cfg.PassThrough.Match(host) {
-		if p.cfg.CA == nil {
-			return reject(state.BoundaryHTTP, refusal.New(refusal.InterceptionDisabled,
-				"this proxy has no CA to intercept %s and it is not a pass-through host", host))
-		}
-		switch {
-		case err == nil:
-			ex.id, ex.hasID = id, true
-		case errors.Is(err, errNoIdentity):
-			// Requests inside may name their run with X-Run-ID.
-		default:
-			return reject(state.BoundaryHTTP, identityRefusal(err))
-		}
-		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&p.cfg.CA.Cert)}, host
+	switch {
+	case err == nil:
+		ex.id, ex.hasID = id, true
+	case errors.Is(err, errNoIdentity) && !passThrough && !p.tokens.require:
+		// Requests inside the intercepted tunnel may name their run with
+		// X-Run-ID. Nothing inside a tunnel can answer a 407, so wherever
+		// the identity cannot come from inside (a pass-through tunnel, a
+		// required token), the CONNECT itself gets the 407.
+	default:
+		return reject(identityRefusal(err))
 	}
-
-	if err != nil {
-		return reject(state.BoundaryTunnel, identityRefusal(err))
+	if ex.hasID && ex.slot != nil && !ex.slot.name(id.run) {
+		return reject(refusal.New(refusal.TooManyConnections,
+			"run %s holds %d open exchanges through this proxy, its cap (--max-conns-per-run): try again when some have ended; nothing was sent", id.run, p.cfg.MaxConnsPerRun))
 	}
-	ex.id, ex.hasID = id, true
 	allow := p.cfg.Delivery.Match(host)
 	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: intents.DerivedKey(id.run, http.MethodConnect, host, ""),
-		Boundary: state.BoundaryTunnel, Method: http.MethodConnect, Target: host,
+		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
+	dest, r := p.destination(req, ex, checkedAddr(req.Context(), host), greq)
+	if r != nil {
+		return reject(r)
+	}
+	if !passThrough {
+		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.interceptTLS(ex.slot)}, host
+	}
+
+	if ex.slot != nil {
+		// The tunnel bounds its client's silences itself, both ways at once.
+		ex.slot.mode.Store(readOwn)
+	}
+	ex.dest = dest
 	if r := p.guard(req, ex, greq); r != nil {
-		return reject(state.BoundaryTunnel, r)
+		return reject(r)
 	}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		p.tunnel(req, client, host, ex)
 	}}, host
 }
 
-// tunnel carries a pass-through CONNECT, unseen, until either side closes or
-// the run's cancel cuts it.
+// interceptTLS is the TLS configuration of an intercepted tunnel: the
+// handshake ends the tunnel's start, and with it the handshake deadline.
+func (p *Proxy) interceptTLS(s *slot) func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
+	return func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
+		cfg, err := p.mitmTLS(host, ctx)
+		if err != nil || s == nil {
+			return cfg, err
+		}
+		cfg = cfg.Clone()
+		cfg.VerifyConnection = func(tls.ConnectionState) error {
+			s.mode.CompareAndSwap(readHandshake, readIdle)
+			return nil
+		}
+		return cfg, nil
+	}
+}
+
+// tunnel carries a pass-through CONNECT, unseen, until either side closes,
+// the run's cancel cuts it, or it is silent too long: before the client's
+// first byte, the handshake timeout; after, the idle timeout, both ways.
 func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exchange) {
 	defer client.Close()
 	f := ex.flow
@@ -77,12 +115,17 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
-	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	dctx, cancel := context.WithTimeout(withTarget(ctx, ex.dest), p.cfg.DialTimeout)
 	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
 		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
 		r := refusal.Wrap(err, refusal.UpstreamFailed, "cannot reach %s: %v; recorded %s", host, err, state.IntentNotSent)
+		var denied *refusal.Refusal
+		if errors.As(err, &denied) {
+			r = denied
+			r.Recorded = state.IntentNotSent
+		}
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, state.IntentNotSent
 		_ = r.Response(req).Write(client)
 		return
@@ -93,39 +136,89 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 		return
 	}
 
-	var sent atomic.Int64
+	opened := time.Now()
+	var sent atomic.Int64 // bytes read from the client, so far
+	var last atomic.Int64 // when a byte last went either way, in ns since opened
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		n, _ := io.Copy(upstream, client)
-		sent.Add(n)
+		_, _ = io.Copy(upstream, &activeReader{r: client, opened: opened, last: &last, count: &sent})
 		closeWrite(upstream)
 	})
 	wg.Go(func() {
-		_, _ = io.Copy(client, upstream)
+		_, _ = io.Copy(client, &activeReader{r: upstream, opened: opened, last: &last})
 		closeWrite(client)
 	})
-	// Either the copies end on their own, or a cut closes both sides.
+	// Either the copies end on their own, or a cut or a silence closes both sides.
 	copied := make(chan struct{})
 	go func() { wg.Wait(); close(copied) }()
-	select {
-	case <-copied:
-		p.finish(ctx, ex, state.IntentResponded, 0, "tunnel_closed")
-	case <-ctx.Done():
+	closeBoth := func() {
 		_ = client.Close()
 		_ = upstream.Close()
 		<-copied
-		reason := "cut"
-		var ce *cutError
-		if errors.As(context.Cause(ctx), &ce) {
-			reason = ce.reason
-		}
-		outcome := state.IntentNotSent
-		if sent.Load() > 0 {
-			// Bytes went upstream through a tunnel we cannot see into.
-			outcome = state.IntentUnknown
-		}
-		p.finish(ctx, ex, outcome, 0, reason)
 	}
+	silence := time.NewTimer(p.cfg.HandshakeTimeout)
+	defer silence.Stop()
+	for {
+		select {
+		case <-copied:
+			p.finish(ctx, ex, state.IntentResponded, 0, "tunnel_closed")
+			return
+		case <-ctx.Done():
+			closeBoth()
+			reason := "cut"
+			var ce *cutError
+			if errors.As(context.Cause(ctx), &ce) {
+				reason = ce.reason
+			}
+			outcome := state.IntentNotSent
+			if sent.Load() > 0 {
+				// Bytes went upstream through a tunnel we cannot see into.
+				outcome = state.IntentUnknown
+			}
+			p.finish(ctx, ex, outcome, 0, reason)
+			return
+		case <-silence.C:
+			limit, reason := p.cfg.IdleTimeout, "idle_timeout"
+			if sent.Load() == 0 {
+				limit, reason = p.cfg.HandshakeTimeout, "handshake_timeout"
+			}
+			quiet := time.Since(opened.Add(time.Duration(last.Load())))
+			if quiet < limit {
+				silence.Reset(limit - quiet)
+				continue
+			}
+			closeBoth()
+			// Nothing the tunnel carried was cut short by stopgate: it
+			// went quiet, and what it sent (if anything) was answered or not
+			// as the two sides agreed.
+			outcome := state.IntentResponded
+			if sent.Load() == 0 {
+				outcome = state.IntentNotSent
+			}
+			p.finish(ctx, ex, outcome, 0, reason)
+			return
+		}
+	}
+}
+
+// activeReader notes when bytes pass, for the tunnel's silence timer, and
+// counts them when count is set.
+type activeReader struct {
+	r      io.Reader
+	opened time.Time
+	last   *atomic.Int64
+	count  *atomic.Int64
+}
+
+func (a *activeReader) Read(b []byte) (int, error) {
+	n, err := a.r.Read(b)
+	if n > 0 {
+		a.last.Store(int64(time.Since(a.opened)))
+		if a.count != nil {
+			a.count.Add(int64(n))
+		}
+	}
+	return n, err
 }
 
 func closeWrite(c net.Conn) {

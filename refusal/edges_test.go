@@ -63,7 +63,8 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	if err != nil {
 		t.Fatal(err)
 	}
-	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, CA: ca, AutoAdmit: autoAdmit, PassThrough: pass, Logger: log})
+	// The upstream listens on loopback, which the egress refuses by default.
+	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, CA: ca, AutoAdmit: autoAdmit, PassThrough: pass, Logger: log, AllowDest: []string{"127.0.0.1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

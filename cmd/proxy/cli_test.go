@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -70,8 +71,8 @@ func TestServeConfig(t *testing.T) {
 		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
-		MaxBody: 256 << 20}
-	if cfg != want {
+		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults %+v, want %+v", cfg, want)
 	}
 	if sc := cfg.storeConfig(); sc.URL != "" || sc.DataDir != "./stopgate-data" {
@@ -93,6 +94,15 @@ func TestServeConfig(t *testing.T) {
 	if cfg.DrainTimeout != 5*time.Second || cfg.AutoAdmit || !cfg.RequireDurable || cfg.LogLevel != slog.LevelDebug ||
 		cfg.Store != "redis://127.0.0.1:6379/0" || cfg.ControlToken != "tok" || cfg.Run != "static-1" {
 		t.Errorf("env not applied: %+v", cfg)
+	}
+	// --allow-dest repeats; its variable lists with commas; a flag wins over the variable.
+	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8, api.internal:8443"}))
+	if err != nil || !reflect.DeepEqual(cfg.AllowDest, []string{"10.0.0.0/8", "api.internal:8443"}) {
+		t.Errorf("STOPGATE_ALLOW_DEST: %q %v", cfg.AllowDest, err)
+	}
+	cfg, err = parseServeConfig([]string{"--allow-dest", "127.0.0.1", "--allow-dest", "fd00::/8"}, env(map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8"}))
+	if err != nil || !reflect.DeepEqual(cfg.AllowDest, []string{"127.0.0.1", "fd00::/8"}) {
+		t.Errorf("--allow-dest twice: %q %v", cfg.AllowDest, err)
 	}
 	cfg, err = parseServeConfig([]string{"--auto-admit=true", "--drain-timeout", "0s"}, e)
 	if err != nil || !cfg.AutoAdmit || cfg.DrainTimeout != 0 {
@@ -133,6 +143,13 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--spool-dir", "/nonexistent/spool"}, nil, "--spool-dir: /nonexistent/spool is not a directory"},
 		{[]string{"--run-token-secret", "short"}, nil, "--run-token-secret: is 5 bytes; want at least 32"},
 		{[]string{"--require-run-token"}, nil, "--require-run-token: needs --run-token-secret"},
+		{[]string{"--allow-dest", "http://10.0.0.1/"}, nil, "--allow-dest: allowed destinations: destination \"http://10.0.0.1/\": a URL"},
+		{nil, map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8,10.1.2.3/8"}, "STOPGATE_ALLOW_DEST: allowed destinations: destination \"10.1.2.3/8\": host bits are set (did you mean 10.0.0.0/8?)"},
+		{[]string{"--allow-dest", "169.254.169.254"}, nil, "--allow-dest: allowed destinations: 169.254.169.254 is link-local or cloud metadata"},
+		{[]string{"--max-conns", "0"}, nil, "--max-conns: 0: want a positive number"},
+		{nil, map[string]string{"STOPGATE_MAX_CONNS_PER_RUN": "-1"}, "STOPGATE_MAX_CONNS_PER_RUN: -1: want a positive number"},
+		{[]string{"--client-idle-timeout", "0s"}, nil, "--client-idle-timeout: 0s: want a positive duration"},
+		{[]string{"--tunnel-handshake-timeout", "soon"}, nil, "-tunnel-handshake-timeout: want a duration"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))

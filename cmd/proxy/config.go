@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/browserguard"
+	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
@@ -72,6 +73,15 @@ type serveConfig struct {
 	RunTokenSecret string
 	// RequireRunToken makes a signed token the only way a client names its run.
 	RequireRunToken bool
+
+	// AllowDest opens destinations the proxy refuses by default (loopback,
+	// private ranges): hosts and CIDRs, added to the policy's allow list.
+	AllowDest []string
+	// MaxConns and MaxConnsPerRun cap the proxy's open exchanges.
+	MaxConns, MaxConnsPerRun int
+	// TunnelHandshakeTimeout bounds a tunnel's start, ClientIdleTimeout a
+	// proxy client's silence.
+	TunnelHandshakeTimeout, ClientIdleTimeout time.Duration
 	// CACert and CAKey name an operator-provided CA (one for a fleet);
 	// empty: the CA in DataDir, created on first start.
 	CACert, CAKey string
@@ -133,6 +143,13 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token (needs --run-token-secret)")
 	fs.StringVar(&cfg.CACert, "ca-cert", "", "the MITM CA's certificate file, for one CA across a fleet (with --ca-key); empty: the CA in --data-dir, created on first start")
 	fs.StringVar(&cfg.CAKey, "ca-key", "", "the MITM CA's key file (mode 0600 or 0400; with --ca-cert)")
+	fs.Var(listValue{&cfg.AllowDest}, "allow-dest", "`HOST|CIDR` the proxy may reach although it is loopback or private (repeatable; comma-separated in STOPGATE_ALLOW_DEST)")
+	fs.IntVar(&cfg.MaxConns, "max-conns", proxy.DefaultMaxConns, "most requests and tunnels the proxy holds open at once; past it: 429 too_many_connections")
+	fs.IntVar(&cfg.MaxConnsPerRun, "max-conns-per-run", proxy.DefaultMaxConnsPerRun, "most requests and tunnels one run holds open at once through the proxy")
+	cfg.TunnelHandshakeTimeout = proxy.DefaultHandshakeTimeout
+	fs.Var(durationValue{&cfg.TunnelHandshakeTimeout}, "tunnel-handshake-timeout", "`duration` from a CONNECT's 200 to its TLS handshake (or first byte)")
+	cfg.ClientIdleTimeout = proxy.DefaultIdleTimeout
+	fs.Var(durationValue{&cfg.ClientIdleTimeout}, "client-idle-timeout", "`duration` a proxy client may be silent: mid-body, between requests in a tunnel, both ways in a pass-through tunnel")
 	return fs, cfg
 }
 
@@ -268,6 +285,19 @@ func (c *serveConfig) validate(source map[string]string) error {
 	if c.RequireRunToken && c.RunTokenSecret == "" {
 		return bad("require-run-token", "needs --run-token-secret (or STOPGATE_RUN_TOKEN_SECRET)")
 	}
+	if err := proxy.CheckDestinationRules(c.AllowDest, nil); err != nil {
+		return bad("allow-dest", "%v", err)
+	}
+	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
+		if n <= 0 {
+			return bad(name, "%d: want a positive number", n)
+		}
+	}
+	for name, d := range map[string]time.Duration{"tunnel-handshake-timeout": c.TunnelHandshakeTimeout, "client-idle-timeout": c.ClientIdleTimeout} {
+		if d <= 0 {
+			return bad(name, "%s: want a positive duration", d)
+		}
+	}
 	if (c.CACert == "") != (c.CAKey == "") {
 		name := "ca-cert"
 		if c.CAKey == "" {
@@ -324,6 +354,26 @@ func (v durationValue) Set(s string) error {
 		return errors.New("want a duration such as 30s or 2m")
 	}
 	*v.d = d
+	return nil
+}
+
+// listValue is a repeatable flag; each value may also be a comma-separated
+// list, which is how an environment variable gives several.
+type listValue struct{ l *[]string }
+
+func (v listValue) String() string {
+	if v.l == nil {
+		return ""
+	}
+	return strings.Join(*v.l, ",")
+}
+
+func (v listValue) Set(s string) error {
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*v.l = append(*v.l, item)
+		}
+	}
 	return nil
 }
 

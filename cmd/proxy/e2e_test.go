@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,9 +85,20 @@ type server struct {
 	err     error // of Wait, once done is closed
 }
 
-// startServe starts `stopgate serve` with args on fresh loopback ports and
-// waits until /healthz answers.
+// allowTestUpstreams are the one allow these tests need: their providers
+// and sites listen on loopback (IPv4, and IPv6 for transparent mode's),
+// which the proxy refuses by default.
+var allowTestUpstreams = []string{"--allow-dest", "127.0.0.1", "--allow-dest", "::1"}
+
+// startServe starts `stopgate serve` with args on fresh loopback ports,
+// allowing the tests' loopback upstreams, and waits until /healthz answers.
 func startServe(t *testing.T, args ...string) *server {
+	t.Helper()
+	return startServeAsShipped(t, append(slices.Clone(allowTestUpstreams), args...)...)
+}
+
+// startServeAsShipped is startServe with nothing allowed but what args say.
+func startServeAsShipped(t *testing.T, args ...string) *server {
 	t.Helper()
 	s := &server{
 		t:       t,

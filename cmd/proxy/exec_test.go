@@ -19,7 +19,7 @@ func startServeEnv(t *testing.T, env []string, args ...string) *server {
 	t.Helper()
 	s := &server{
 		t:       t,
-		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
+		args:    append(append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, allowTestUpstreams...), args...),
 		logPath: filepath.Join(t.TempDir(), "serve.log"),
 		env:     env,
 	}

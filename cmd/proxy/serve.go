@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"time"
 
@@ -116,6 +117,9 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err != nil {
 		return nil, usagef("serve", "--config: delivery: %v", err)
 	}
+	if err := proxy.CheckDestinationRules(pol.Destinations.Allow, pol.Destinations.Deny); err != nil {
+		return nil, usagef("serve", "--config: destinations: %v", err)
+	}
 	noEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsNone))
 	if err != nil {
 		return nil, usagef("serve", "--config: effects: %v", err)
@@ -154,6 +158,10 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
 		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery, NoEffects: noEffects, ReadEffects: readEffects,
 		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
+		AllowDest: append(slices.Clone(cfg.AllowDest), pol.Destinations.Allow...), DenyDest: pol.Destinations.Deny,
+		Protected: inst.protected(), Runs: store, StoreTimeout: cfg.StoreTimeout,
+		MaxConns: cfg.MaxConns, MaxConnsPerRun: cfg.MaxConnsPerRun,
+		HandshakeTimeout: cfg.TunnelHandshakeTimeout, IdleTimeout: cfg.ClientIdleTimeout,
 	})
 	if err == nil {
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
@@ -190,6 +198,23 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		return nil, err
 	}
 	return inst, nil
+}
+
+// protected are the addresses the egress proxy never connects to: this
+// instance's listeners and its store.
+func (inst *instance) protected() []proxy.Protected {
+	out := []proxy.Protected{
+		{Addr: inst.lns.proxy.Addr().String(), What: "egress proxy"},
+		{Addr: inst.lns.control.Addr().String(), What: "control API"},
+		{Addr: inst.lns.browser.Addr().String(), What: "browser guard"},
+	}
+	if inst.cfg.TransparentAddr != "" {
+		out = append(out, proxy.Protected{Addr: inst.cfg.TransparentAddr, What: "transparent listener"})
+	}
+	for _, a := range inst.store.Addrs {
+		out = append(out, proxy.Protected{Addr: a, What: "store"})
+	}
+	return out
 }
 
 // run serves until ctx ends or a listener fails, then shuts down: the
@@ -393,7 +418,9 @@ func (s *servers) shutdown(ctx context.Context, name string) error {
 func (inst *instance) logStart() {
 	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
 	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
-		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks))
+		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
+		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
+		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)

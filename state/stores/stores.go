@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,11 @@ type Opened struct {
 	Durable bool
 	// Durability says so in words, for the start-up log.
 	Durability string
+	// Addrs are the store's network addresses as the URL names them
+	// (host:port, the default port filled in) and each host resolved, so
+	// that the egress proxy can refuse them; none for the embedded store.
+	// Nodes a Sentinel or a Cluster announces later are not among them.
+	Addrs []string
 }
 
 // ErrNotDurable is a store refused because durability is required and it
@@ -139,7 +145,7 @@ func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 		}
 		return Opened{}, fmt.Errorf("opening the Redis store %s: %w", where, err)
 	}
-	out := Opened{Store: s, Kind: "redis", Where: where}
+	out := Opened{Store: s, Kind: "redis", Where: where, Addrs: addrs(ctx, cfg.URL)}
 	d, err := s.Durability(ctx)
 	if err != nil {
 		if cfg.RequireDurable {
@@ -155,4 +161,24 @@ func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 		return Opened{}, fmt.Errorf("%w: Redis at %s: %s; set appendonly yes and appendfsync always", ErrNotDurable, where, out.Durability)
 	}
 	return out, nil
+}
+
+// addrs lists the hosts of a store URL that Check accepted, each as
+// written and as resolved.
+func addrs(ctx context.Context, url string) []string {
+	_, rest, _ := strings.Cut(url, "://")
+	var out []string
+	for hp := range strings.SplitSeq(host(rest), ",") {
+		h, port, err := net.SplitHostPort(hp)
+		if err != nil {
+			h, port = strings.Trim(hp, "[]"), "6379"
+		}
+		out = append(out, net.JoinHostPort(h, port))
+		if ips, err := net.DefaultResolver.LookupHost(ctx, h); err == nil {
+			for _, ip := range ips {
+				out = append(out, net.JoinHostPort(ip, port))
+			}
+		}
+	}
+	return out
 }

@@ -1,0 +1,170 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Destinations are the operator's rules for where the egress proxy may
+// connect, on top of the rules nobody can change (stopgate's own listeners,
+// its store and link-local addresses are never reachable). Deny wins over
+// allow; an allowed entry opens a loopback or private destination, which is
+// refused otherwise.
+type Destinations struct {
+	Allow []string `yaml:"allow"`
+	Deny  []string `yaml:"deny"`
+}
+
+// DestinationRule is one entry of an allow or deny list: a host pattern
+// (api.example.com, *.example.com, either with :port) or an address rule
+// (an IP, an IP:port, or a CIDR).
+type DestinationRule struct {
+	// Host is the host pattern, lower case without a trailing dot; empty
+	// for an address rule.
+	Host string
+	// Prefix is what an address rule covers (a single IP is a /32 or /128).
+	Prefix netip.Prefix
+	// Port limits the rule to one port; 0 is every port.
+	Port uint16
+}
+
+// String is the rule as an operator writes it.
+func (r DestinationRule) String() string {
+	what := r.Host
+	if what == "" {
+		what = r.Prefix.String()
+		if r.Prefix.IsSingleIP() {
+			what = r.Prefix.Addr().String()
+		}
+	}
+	if r.Port == 0 {
+		return what
+	}
+	return net.JoinHostPort(what, strconv.Itoa(int(r.Port)))
+}
+
+// ParseDestinationRule reads one allow or deny entry. Errors say what was
+// expected; the rule is never guessed (a CIDR with host bits set, a URL, a
+// bare "*" are errors, not approximations).
+func ParseDestinationRule(s string) (DestinationRule, error) {
+	in := s
+	s = strings.TrimSpace(s)
+	bad := func(why string) (DestinationRule, error) {
+		return DestinationRule{}, fmt.Errorf("destination %q: %s; want a host (api.example.com), *.domain, an IP, a CIDR (10.0.0.0/8), or any of these but a CIDR with :port", in, why)
+	}
+	switch {
+	case s == "":
+		return bad("empty")
+	case strings.Contains(s, "://"):
+		return bad("a URL, not a destination")
+	case strings.ContainsAny(s, " \t\r\n,@?#\\"):
+		return bad("has a character no host or address has")
+	}
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return bad("not a CIDR")
+		}
+		if p.Addr().Zone() != "" {
+			return bad("a CIDR with a zone")
+		}
+		if m := p.Masked(); m != p {
+			return bad("host bits are set (did you mean " + m.String() + "?)")
+		}
+		return DestinationRule{Prefix: unmapPrefix(p)}, nil
+	}
+	host, port := s, uint16(0)
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		host = s[1 : len(s)-1]
+	} else if h, ps, err := net.SplitHostPort(s); err == nil {
+		n, perr := strconv.Atoi(ps)
+		if perr != nil || n < 1 || n > 65535 {
+			return bad("port " + strconv.Quote(ps) + " is not a number from 1 to 65535")
+		}
+		host, port = h, uint16(n)
+	} else if strings.Count(s, ":") == 1 {
+		// host:port whose port is missing or not a port at all.
+		return bad("not host:port")
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Zone() != "" {
+			return bad("an address with a zone")
+		}
+		a = a.Unmap()
+		return DestinationRule{Prefix: netip.PrefixFrom(a, a.BitLen()), Port: port}, nil
+	}
+	if strings.HasPrefix(host, "[") {
+		return bad("not an IPv6 address in brackets")
+	}
+	name, err := hostPattern(host)
+	if err != nil {
+		return bad(err.Error())
+	}
+	return DestinationRule{Host: name, Port: port}, nil
+}
+
+// hostPattern checks a host name or *.domain pattern and returns it in the
+// form names are compared in: lower case, without a trailing dot.
+func hostPattern(host string) (string, error) {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	name := strings.TrimPrefix(host, "*.")
+	if name == "" || strings.Contains(name, "*") {
+		return "", errors.New("a wildcard is only *.domain")
+	}
+	if len(host) > 253 {
+		return "", errors.New("longer than a host name can be")
+	}
+	numeric := false
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" || len(label) > 63 {
+			return "", errors.New("not a host name")
+		}
+		numeric = true
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return "", fmt.Errorf("%q in a host name", c)
+			}
+			numeric = numeric && c >= '0' && c <= '9'
+		}
+	}
+	if numeric {
+		// No top-level domain is all digits: this is an address written
+		// oddly (10.0.0.1., 010.1, 167772161), which a name rule would
+		// match by its spelling only.
+		return "", errors.New("ends in a numeric label, so it is no host name; write an IP address as such")
+	}
+	return host, nil
+}
+
+// unmapPrefix turns an IPv4-mapped IPv6 prefix (::ffff:10.0.0.0/104) into
+// the IPv4 prefix it stands for, so that it matches the unmapped addresses
+// the proxy compares.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	a := p.Addr()
+	if !a.Is4In6() {
+		return p
+	}
+	bits := p.Bits() - 96
+	if bits < 0 {
+		// Wider than the mapped range: it covers every IPv4 address.
+		bits = 0
+	}
+	return netip.PrefixFrom(a.Unmap(), bits).Masked()
+}
+
+// ParseDestinationRules reads a list, naming the entry that is wrong.
+func ParseDestinationRules(list []string) ([]DestinationRule, error) {
+	out := make([]DestinationRule, 0, len(list))
+	for _, s := range list {
+		r, err := ParseDestinationRule(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

@@ -1,0 +1,319 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/stopgate/stopgate/policy"
+	"github.com/stopgate/stopgate/refusal"
+)
+
+// Protected is an address the proxy never connects to, whatever is allowed:
+// one of stopgate's own listeners, or its store.
+type Protected struct {
+	// Addr is host:port; a host of 0.0.0.0 or :: (a listener on every
+	// interface) protects the port on every address of this machine.
+	Addr string
+	// What it is, for the refusal's message ("the control API").
+	What string
+}
+
+// destinations decides where the proxy may connect. The rules, in order:
+//
+//  1. never: link-local and cloud metadata addresses, stopgate's own
+//     listeners and its store, whatever is allowed;
+//  2. deny: the operator's deny rules (by name, or by address);
+//  3. allow: the operator's allow rules (by name: whatever the name
+//     resolves to; by address);
+//  4. by default: loopback, private and other special-purpose addresses
+//     are refused, every other address is allowed.
+//
+// A name is resolved once; every address it resolves to must pass, and the
+// addresses that passed are the only ones dialled (see target).
+type destinations struct {
+	linkLocal []netip.Prefix
+	special   []netip.Prefix
+	// protected are exact addresses; protectedPorts are the ports of
+	// listeners on an unspecified address, protected on every local address.
+	protected      map[netip.AddrPort]string
+	protectedPorts map[uint16]string
+	protectedNames map[string]string // a store named by a host name, by "host:port"
+	local          map[netip.Addr]bool
+	allowHosts     HostSet
+	denyHosts      HostSet
+	allowNets      []policy.DestinationRule
+	denyNets       []policy.DestinationRule
+	resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
+}
+
+// target is a destination that passed the check: what the client named,
+// and the addresses that may be dialled for it. addrs is nil when the name
+// did not resolve at the check; the dial then resolves and checks again.
+type target struct {
+	hostport string
+	addrs    []netip.AddrPort
+}
+
+// errUnresolved is a destination whose name did not resolve: not a
+// decision about the destination, an upstream failure (NOT_SENT).
+var errUnresolved = errors.New("cannot resolve the destination")
+
+// destinationRules is what destinations are built from.
+type destinationRules struct {
+	allow, deny []string
+	protected   []Protected
+	resolve     func(context.Context, string) ([]netip.Addr, error)
+	// local are this machine's addresses, where a listener on an
+	// unspecified address is reached (see localAddrs).
+	local []netip.Addr
+}
+
+// localAddrs are the addresses of this machine's interfaces now.
+func localAddrs() []netip.Addr {
+	var out []netip.Addr
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, pfx.Addr().Unmap().WithZone(""))
+		}
+	}
+	return out
+}
+
+func newDestinations(ctx context.Context, rules destinationRules) (*destinations, error) {
+	allow, deny, protected, resolve := rules.allow, rules.deny, rules.protected, rules.resolve
+	d := &destinations{
+		linkLocal: prefixes("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"),
+		special: prefixes(
+			"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "172.16.0.0/12", "192.0.0.0/24",
+			"192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+			"::/96", "100::/64", "fc00::/7", "ff00::/8",
+		),
+		protected: map[netip.AddrPort]string{}, protectedPorts: map[uint16]string{}, protectedNames: map[string]string{},
+		local: map[netip.Addr]bool{}, resolve: resolve,
+	}
+	if d.resolve == nil {
+		d.resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	var err error
+	if d.allowHosts, d.allowNets, err = d.rules(allow); err != nil {
+		return nil, fmt.Errorf("allowed destinations: %w", err)
+	}
+	for _, r := range d.allowNets {
+		for _, ll := range d.linkLocal {
+			if ll.Bits() <= r.Prefix.Bits() && ll.Contains(r.Prefix.Addr()) {
+				return nil, fmt.Errorf("allowed destinations: %s is link-local or cloud metadata (%s), which is never reachable through the proxy", r, ll)
+			}
+		}
+	}
+	if d.denyHosts, d.denyNets, err = d.rules(deny); err != nil {
+		return nil, fmt.Errorf("denied destinations: %w", err)
+	}
+	for _, a := range rules.local {
+		d.local[a] = true
+	}
+	for _, p := range protected {
+		if err := d.protect(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (d *destinations) rules(list []string) (HostSet, []policy.DestinationRule, error) {
+	rules, err := policy.ParseDestinationRules(list)
+	if err != nil {
+		return HostSet{}, nil, err
+	}
+	var hosts []string
+	var nets []policy.DestinationRule
+	for _, r := range rules {
+		if r.Host != "" {
+			hosts = append(hosts, r.String())
+		} else {
+			nets = append(nets, r)
+		}
+	}
+	set, err := NewHostSet(hosts)
+	return set, nets, err
+}
+
+// protect adds one of stopgate's own addresses; a name is resolved now, and
+// refused by name as well.
+func (d *destinations) protect(ctx context.Context, p Protected) error {
+	host, portStr, err := net.SplitHostPort(p.Addr)
+	if err != nil {
+		return fmt.Errorf("protected address %q (%s): %w", p.Addr, p.What, err)
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return fmt.Errorf("protected address %q (%s): bad port", p.Addr, p.What)
+	}
+	what := fmt.Sprintf("stopgate's %s (%s)", p.What, p.Addr)
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else if host == "" {
+		addrs = []netip.Addr{netip.IPv6Unspecified()}
+	} else {
+		d.protectedNames[net.JoinHostPort(normalName(host), portStr)] = what
+		if addrs, err = d.resolve(ctx, host); err != nil {
+			return fmt.Errorf("protected address %q (%s): %w", p.Addr, p.What, err)
+		}
+	}
+	for _, a := range addrs {
+		a = a.Unmap().WithZone("")
+		if a.IsUnspecified() {
+			d.protectedPorts[uint16(port)] = what
+			continue
+		}
+		d.protected[netip.AddrPortFrom(a, uint16(port))] = what
+	}
+	return nil
+}
+
+// check decides whether hostport may be reached and resolves it. A refusal
+// is destination_denied (or invalid_request for a hostport that is not
+// one); an error wrapping errUnresolved is a name that did not resolve,
+// which is for the dial to report.
+func (d *destinations) check(ctx context.Context, hostport string) (target, error) {
+	host, portStr, err := net.SplitHostPort(hostport)
+	port, perr := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || perr != nil || port == 0 || host == "" {
+		return target{}, refusal.New(refusal.InvalidRequest, "destination %q is not host:port", hostport)
+	}
+	t := target{hostport: hostport}
+	var addrs []netip.Addr
+	byName := false
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		name := net.JoinHostPort(normalName(host), portStr)
+		if what, ok := d.protectedNames[name]; ok {
+			return t, denied(hostport, what)
+		}
+		if d.denyHosts.Match(name) {
+			return t, denied(hostport, "denied by the policy's destinations.deny")
+		}
+		byName = d.allowHosts.Match(name)
+		addrs, err = d.resolve(ctx, host)
+		if err == nil && len(addrs) == 0 {
+			err = errors.New("no address")
+		}
+		if err != nil {
+			return t, fmt.Errorf("%w %s: %w", errUnresolved, host, err)
+		}
+	}
+	for _, a := range addrs {
+		ap := netip.AddrPortFrom(a.Unmap().WithZone(""), uint16(port))
+		if why := d.decide(ap, byName); why != "" {
+			if ap.Addr().String() != host {
+				why = fmt.Sprintf("%s resolves to %s, %s", host, ap.Addr(), why)
+			}
+			return t, denied(hostport, why)
+		}
+		t.addrs = append(t.addrs, ap)
+	}
+	return t, nil
+}
+
+// decide is the rule for one address: "" if it may be dialled, else why not.
+// byName says an allow rule matched the name the address was resolved from.
+func (d *destinations) decide(ap netip.AddrPort, byName bool) string {
+	a, port := ap.Addr().Unmap().WithZone(""), ap.Port()
+	if inner, ok := embeddedIPv4(a); ok {
+		if why := d.decide(netip.AddrPortFrom(inner, port), byName); why != "" {
+			return fmt.Sprintf("%s embeds %s: %s", a, inner, why)
+		}
+	}
+	for _, ll := range d.linkLocal {
+		if ll.Contains(a) {
+			return "a link-local or cloud metadata address, never reachable through the proxy"
+		}
+	}
+	if what, ok := d.protected[netip.AddrPortFrom(a, port)]; ok {
+		return what + ", never reachable through the proxy"
+	}
+	if what, ok := d.protectedPorts[port]; ok && (d.local[a] || a.IsLoopback() || a.IsUnspecified()) {
+		return what + ", never reachable through the proxy"
+	}
+	if a.IsUnspecified() {
+		// Connecting to 0.0.0.0 or :: reaches this machine's loopback.
+		for p, what := range d.protected {
+			if p.Port() == port && p.Addr().IsLoopback() {
+				return what + ", never reachable through the proxy"
+			}
+		}
+	}
+	for _, r := range d.denyNets {
+		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
+			return "denied by the policy's destinations.deny (" + r.String() + ")"
+		}
+	}
+	if byName {
+		return ""
+	}
+	for _, r := range d.allowNets {
+		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
+			return ""
+		}
+	}
+	for _, s := range d.special {
+		if s.Contains(a) {
+			return "a loopback, private or special-purpose address (" + s.String() + "), refused unless allowed (--allow-dest, or destinations.allow in the policy)"
+		}
+	}
+	return ""
+}
+
+// embeddedIPv4 is the IPv4 address an IPv6 address carries to be reached
+// through a translator (NAT64: 64:ff9b::/96, 64:ff9b:1::/48) or a 6to4
+// relay (2002::/16): the rules apply to it as well.
+func embeddedIPv4(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() {
+		return netip.Addr{}, false
+	}
+	b := a.As16()
+	switch {
+	case b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b:
+		// The whole 64:ff9b::/32 is read as NAT64 with the address in its
+		// last 32 bits: wider than the two prefixes in use, never narrower.
+		return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), true
+	case b[0] == 0x20 && b[1] == 0x02:
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), true
+	}
+	return netip.Addr{}, false
+}
+
+func denied(hostport, why string) *refusal.Refusal {
+	return refusal.New(refusal.DestinationDenied, "destination %s is not allowed: %s; nothing was sent", hostport, why)
+}
+
+// normalName is a host name as rules compare it: lower case, no trailing dot.
+func normalName(host string) string { return strings.TrimSuffix(strings.ToLower(host), ".") }
+
+func prefixes(list ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(list))
+	for i, s := range list {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// CheckDestinationRules reports what is wrong with allow and deny lists
+// before anything starts: an entry that is not a rule, or an allow of a
+// link-local or metadata address, which nothing can allow.
+func CheckDestinationRules(allow, deny []string) error {
+	_, err := newDestinations(context.Background(), destinationRules{allow: allow, deny: deny})
+	return err
+}

@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+)
+
+// targetKey carries the destination a request was checked for to the dial
+// its round trip makes, so that the address dialled is the address checked:
+// no second lookup between the check and the dial for DNS to answer
+// differently. Only the proxy sets it; nothing a client sends can.
+type targetKey struct{}
+
+func withTarget(ctx context.Context, t target) context.Context {
+	return context.WithValue(ctx, targetKey{}, t)
+}
+
+func targetOf(ctx context.Context) (target, bool) {
+	t, ok := ctx.Value(targetKey{}).(target)
+	return t, ok
+}
+
+// dial is the one function every upstream connection goes through: plain
+// and intercepted requests, pass-through tunnels, the browser's egress, in
+// proxy and transparent mode. It dials the addresses its request's check
+// resolved; a dial that carries no
+// check (or one for another host) is checked here, so no path reaches an
+// address the rules refuse, even one that skipped the check before its guard.
+func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	// A redirected connection goes to its original destination, whatever
+	// name it carries: that address is the one checked, and dialled.
+	addr = checkedAddr(ctx, addr)
+	t, ok := targetOf(ctx)
+	if !ok || t.addrs == nil || !strings.EqualFold(t.hostport, addr) {
+		var err error
+		if t, err = p.dests.check(ctx, addr); err != nil {
+			return nil, err
+		}
+	}
+	var errs []error
+	for _, ap := range t.addrs {
+		conn, err := p.cfg.DialContext(ctx, network, ap.String())
+		if err == nil {
+			return p.outbound.track(conn), nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("dial %s: %w", addr, errors.Join(errs...))
+}
+
+// outboundSet knows the local addresses of the proxy's open upstream
+// connections. A request that arrives from one of them went out through
+// the proxy and came back to a listener of this process: an agent aiming
+// the proxy at a listener that is not in the protected list (a browser's
+// run-bound egress listener, say), to speak as another run.
+type outboundSet struct {
+	mu    sync.Mutex
+	local map[string]struct{}
+}
+
+func (s *outboundSet) track(c net.Conn) net.Conn {
+	addr := c.LocalAddr().String()
+	s.mu.Lock()
+	if s.local == nil {
+		s.local = map[string]struct{}{}
+	}
+	s.local[addr] = struct{}{}
+	s.mu.Unlock()
+	return &trackedConn{Conn: c, done: func() {
+		s.mu.Lock()
+		delete(s.local, addr)
+		s.mu.Unlock()
+	}}
+}
+
+// has reports whether remote (a request's RemoteAddr) is one of ours.
+func (s *outboundSet) has(remote string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.local[remote]
+	return ok
+}
+
+// trackedConn leaves the outbound set when it is closed.
+type trackedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(c.done)
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes, as a pass-through tunnel does when one side ends.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
