@@ -4,8 +4,9 @@
 // record their outcomes; reconcile UNKNOWN intents (by an operator, or by a
 // provider's signed webhook); and read rows, intents and the audit log. It
 // owns the wire format (the types in api.go, the status codes, the
-// error bodies) and the checks at the edge: the bearer token, the actor
-// header, body size and shape.
+// error bodies) and the checks at the edge: who the caller is (auth.go:
+// operator, worker of one run, read-only), what that lets it do, the actor
+// the audit log records, body size and shape.
 //
 // It never dispatches an effect, never cuts a connection and never moves a
 // run on by itself (moving runs on is the sweeper's job): every transition is
@@ -14,8 +15,6 @@ package control
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,19 +38,26 @@ const (
 	MaxBodyBytes = 1 << 20
 	// MaxActorLen bounds the X-Stopgate-Actor header.
 	MaxActorLen = 128
-	// DefaultActor is recorded in the audit log when a request names none.
-	DefaultActor = "api"
 )
 
-// ActorHeader names who is acting, for the audit log (the CLI sends cli:$USER).
+// ActorHeader is the name an operator gives itself within the operator
+// scope (the CLI sends cli:$USER); the audit log records it beside what the
+// token proves: "operator (cli:alice)". A worker's or a reader's is ignored.
 const ActorHeader = "X-Stopgate-Actor"
 
 // Options configure a Handler.
 type Options struct {
 	Store state.Store
-	// Token, when set, is the bearer token every /v1 request must carry.
-	// /healthz and /readyz stay open so that probes need no secret.
+	// Token is the operator's bearer token. Every request but /healthz,
+	// /readyz, /metrics and /v1/ca must carry a token; New refuses to
+	// build a handler without this one unless Open is set.
 	Token string
+	// ReadToken, when set, is a bearer token of the read-only scope.
+	ReadToken string
+	// Open serves the API to callers without a credential, as an
+	// anonymous operator. Credentials that are presented are still checked
+	// and scoped. Only for a listener nobody else can reach.
+	Open bool
 	// DrainTimeout is the drain of a cancel that names none. Zero means
 	// none: in-flight work is cut at the sweeper's next pass. The server
 	// passes its --drain-timeout (30s by default).
@@ -73,7 +79,9 @@ type Options struct {
 	// Browsers launches a guarded browser for a run (POST
 	// /v1/runs/{run}/browsers); nil answers 503 browser_unavailable.
 	Browsers BrowserLauncher
-	// Tokens signs run tokens at POST /v1/runs/{run}/tokens; nil answers 404.
+	// Tokens signs run tokens at POST /v1/runs/{run}/tokens (nil answers
+	// 404), and verifies them as the bearer tokens of workers, each bound
+	// to the run its token names.
 	Tokens *runtoken.Signer
 }
 
@@ -84,8 +92,7 @@ type Handler struct {
 	webhook      func(source string) ([]byte, bool)
 	browsers     BrowserLauncher
 	tokens       *runtoken.Signer
-	tokenSum     [sha256.Size]byte
-	hasToken     bool
+	creds        credentials
 	drain        time.Duration
 	storeTimeout time.Duration
 	log          *slog.Logger
@@ -101,12 +108,17 @@ func New(opts Options) (*Handler, error) {
 	if opts.DrainTimeout < 0 {
 		return nil, fmt.Errorf("control: drain timeout %s is negative", opts.DrainTimeout)
 	}
+	creds, err := newCredentials(opts)
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
 		store:        opts.Store,
 		caPEM:        opts.CACertPEM,
 		webhook:      opts.WebhookSecret,
 		browsers:     opts.Browsers,
 		tokens:       opts.Tokens,
+		creds:        creds,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
@@ -119,12 +131,6 @@ func New(opts Options) (*Handler, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	if opts.Token != "" {
-		// Compare digests so the comparison takes the same time whatever
-		// the length of the token presented.
-		h.tokenSum = sha256.Sum256([]byte(opts.Token))
-		h.hasToken = true
-	}
 	h.routes()
 	return h, nil
 }
@@ -133,8 +139,12 @@ func New(opts Options) (*Handler, error) {
 // success, or an error that writeError turns into the JSON error body.
 type apiFunc func(r *http.Request, actor string) (int, any, error)
 
+// route is one endpoint: what it needs of the caller (access), and what
+// a refusal calls the act (what).
 type route struct {
 	method, path string
+	access       access
+	what         string
 	fn           apiFunc
 }
 
@@ -146,28 +156,28 @@ func (h *Handler) routes() {
 		h.mux.Handle("GET /metrics", h.metrics)
 	}
 	routes := []route{
-		{http.MethodPost, "/v1/runs", h.admit},
-		{http.MethodGet, "/v1/runs", h.list},
-		{http.MethodGet, "/v1/runs/{run}", h.get},
-		{http.MethodPost, "/v1/runs/{run}/cancel", h.cancel},
-		{http.MethodPost, "/v1/runs/{run}/complete", h.complete},
-		{http.MethodGet, "/v1/runs/{run}/events", h.events},
-		{http.MethodGet, "/v1/runs/{run}/intents", h.intents},
-		{http.MethodGet, "/v1/runs/{run}/audit", h.audit},
-		{http.MethodPost, "/v1/runs/{run}/claims", h.claim},
-		{http.MethodPost, "/v1/runs/{run}/retries", h.retry},
-		{http.MethodPost, "/v1/runs/{run}/retries/{step}/{attempt}/dispatch", h.dispatchRetry},
-		{http.MethodPost, "/v1/runs/{run}/intents", h.beginIntent},
-		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
-		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
-		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", h.renewIntent},
-		{http.MethodPost, "/v1/runs/{run}/tokens", h.issueToken},
-		{http.MethodPost, resolvePath, h.resolve},
-		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
+		{http.MethodPost, "/v1/runs", accessOperate, "admit runs", h.admit},
+		{http.MethodGet, "/v1/runs", accessRead, "list runs", h.list},
+		{http.MethodGet, "/v1/runs/{run}", accessRead, "read the row", h.get},
+		{http.MethodPost, "/v1/runs/{run}/cancel", accessOperate, "cancel runs", h.cancel},
+		{http.MethodPost, "/v1/runs/{run}/complete", accessOperate, "complete runs", h.complete},
+		{http.MethodGet, "/v1/runs/{run}/events", accessRead, "read the events", h.events},
+		{http.MethodGet, "/v1/runs/{run}/intents", accessRead, "read the intents", h.intents},
+		{http.MethodGet, "/v1/runs/{run}/audit", accessRead, "read the audit", h.audit},
+		{http.MethodPost, "/v1/runs/{run}/claims", accessWork, "claim steps", h.claim},
+		{http.MethodPost, "/v1/runs/{run}/retries", accessWork, "schedule retries", h.retry},
+		{http.MethodPost, "/v1/runs/{run}/retries/{step}/{attempt}/dispatch", accessWork, "dispatch retries", h.dispatchRetry},
+		{http.MethodPost, "/v1/runs/{run}/intents", accessWork, "guard effects", h.beginIntent},
+		{http.MethodGet, "/v1/runs/{run}/intents/{key}", accessRead, "read intents", h.getIntent},
+		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", accessWork, "report outcomes", h.finishIntent},
+		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", accessWork, "renew leases", h.renewIntent},
+		{http.MethodPost, "/v1/runs/{run}/tokens", accessOperate, "mint run tokens", h.issueToken},
+		{http.MethodPost, resolvePath, accessResolve, "resolve UNKNOWN intents", h.resolve},
+		{http.MethodPost, "/v1/runs/{run}/browsers", accessWork, "launch browsers", h.launchBrowser},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {
-		h.mux.Handle(rt.method+" "+rt.path, h.api(rt.fn))
+		h.mux.Handle(rt.method+" "+rt.path, h.api(rt))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}
 	allowed["/healthz"] = []string{http.MethodGet}
@@ -191,7 +201,8 @@ func (h *Handler) routes() {
 	})
 }
 
-// ServeHTTP recovers from panics, checks the token, then routes.
+// ServeHTTP recovers from panics, says who the caller is (a request
+// without a valid credential goes no further than a 401), then routes.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &responseWriter{ResponseWriter: w}
@@ -207,37 +218,50 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 	}()
-	// A signed webhook resolve authenticates by its signature instead of
-	// the token; resolve verifies it (signedWebhook).
-	if h.hasToken && !openPath(r.URL.Path) && !h.signedWebhook(r) && !h.authorized(r) {
-		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
-		h.writeError(rw, r, refusal.New(refusal.Unauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"))
+	if openPath(r.URL.Path) {
+		h.mux.ServeHTTP(rw, r)
 		return
 	}
-	h.mux.ServeHTTP(rw, r)
-}
-
-func (h *Handler) authorized(r *http.Request) bool {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+	var p Principal
+	var err error
+	if h.signedWebhook(r) {
+		// A provider's webhook holds no token: its signature stands in
+		// for one on the resolve route alone, and resolve verifies it.
+		p = Principal{Scope: scopeWebhook}
+	} else if p, err = h.authenticate(r); err != nil {
+		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
+		h.log.Debug("control: unauthenticated request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+		h.writeError(rw, r, err)
+		return
 	}
-	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	return subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) == 1
+	h.mux.ServeHTTP(rw, withPrincipal(r, p))
 }
 
-// api adapts an apiFunc: it reads the actor, bounds the store calls, and
+// api adapts an endpoint: it checks that the caller's scope allows it (on
+// the run of the path), names the actor, bounds the store calls, and
 // writes the answer.
-func (h *Handler) api(fn apiFunc) http.Handler {
+func (h *Handler) api(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		actor, err := actorOf(r)
+		p := principalOf(r)
+		if err := p.allow(rt.access, r.PathValue("run"), rt.what); err != nil {
+			h.log.Info("control: forbidden", "method", r.Method, "path", r.URL.Path, "actor", p.Actor(), "remote", r.RemoteAddr)
+			h.writeError(w, r, err)
+			return
+		}
+		claimed, err := claimedName(r)
 		if err != nil {
 			h.writeError(w, r, err)
 			return
 		}
+		if p.Scope == ScopeOperator {
+			// Within the operator scope the caller may say who it is;
+			// a worker or a reader is its token, nothing else.
+			p.Claimed = claimed
+			r = withPrincipal(r, p)
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 		defer cancel()
-		status, body, err := fn(r.WithContext(ctx), actor)
+		status, body, err := rt.fn(r.WithContext(ctx), p.Actor())
 		if err != nil {
 			h.writeError(w, r, err)
 			return
@@ -246,10 +270,12 @@ func (h *Handler) api(fn apiFunc) http.Handler {
 	})
 }
 
-func actorOf(r *http.Request) (string, error) {
+// claimedName reads X-Stopgate-Actor: empty when absent, refused when
+// malformed (whoever sends it).
+func claimedName(r *http.Request) (string, error) {
 	vals := r.Header.Values(ActorHeader)
 	if len(vals) == 0 {
-		return DefaultActor, nil
+		return "", nil
 	}
 	if len(vals) > 1 {
 		return "", refusal.New(refusal.InvalidRequest, "%s", ActorHeader+" is given more than once")

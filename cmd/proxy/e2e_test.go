@@ -67,6 +67,10 @@ type server struct {
 	t       *testing.T
 	args    []string
 	control string // http://host:port
+	// dataDir is serve's --data-dir, where the CLI finds the operator
+	// token (STOPGATE_DATA_DIR); dir is the directory serve runs in.
+	dataDir string
+	dir     string
 	logPath string
 	cmd     *exec.Cmd
 	done    chan struct{}
@@ -77,12 +81,24 @@ type server struct {
 // waits until /healthz answers.
 func startServe(t *testing.T, args ...string) *server {
 	t.Helper()
+	return startServeIn(t, "", args...)
+}
+
+// startServeIn is startServe in directory dir ("": the test's).
+func startServeIn(t *testing.T, dir string, args ...string) *server {
+	t.Helper()
 	s := &server{
+		dir:     dir,
 		t:       t,
 		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
 		logPath: filepath.Join(t.TempDir(), "serve.log"),
 	}
 	s.control = "http://" + s.args[2]
+	for i, a := range s.args[:len(s.args)-1] {
+		if a == "--data-dir" {
+			s.dataDir = s.args[i+1]
+		}
+	}
 	s.start()
 	t.Cleanup(s.kill9)
 	return s
@@ -95,7 +111,7 @@ func (s *server) start() {
 		s.t.Fatal(err)
 	}
 	cmd := exec.Command(binary, s.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr, cmd.Dir = logf, logf, s.dir
 	cmd.Env = cleanEnv()
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start stopgate serve: %v", err)
@@ -166,7 +182,11 @@ func cleanEnv() []string {
 // and output.
 func (s *server) stopgate(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	return runBinary(t, []string{"STOPGATE_CONTROL=" + s.control}, args...)
+	env := []string{"STOPGATE_CONTROL=" + s.control}
+	if s.dataDir != "" {
+		env = append(env, "STOPGATE_DATA_DIR="+s.dataDir)
+	}
+	return runBinary(t, env, args...)
 }
 
 func runBinary(t *testing.T, env []string, args ...string) (int, string, string) {
