@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -98,6 +99,7 @@ type Handler struct {
 	log          *slog.Logger
 	metrics      http.Handler
 	mux          *http.ServeMux
+	console      console
 }
 
 // New returns the API handler over opts.Store.
@@ -132,6 +134,9 @@ func New(opts Options) (*Handler, error) {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.routes()
+	if err := h.newConsole(opts.Token); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -218,8 +223,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 	}()
+	if err := crossSite(r); err != nil {
+		h.log.Info("control: cross-site request refused", "method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"), "remote", r.RemoteAddr)
+		if consolePath(r.URL.Path) {
+			h.render(rw, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Who: "-", Error: errText(err, "")})
+			return
+		}
+		h.writeError(rw, r, err)
+		return
+	}
 	if openPath(r.URL.Path) {
 		h.mux.ServeHTTP(rw, r)
+		return
+	}
+	if consolePath(r.URL.Path) {
+		h.console.mux.ServeHTTP(rw, r)
 		return
 	}
 	var p Principal
@@ -290,6 +308,35 @@ func claimedName(r *http.Request) (string, error) {
 		}
 	}
 	return a, nil
+}
+
+// crossSite refuses a request that a page of another site made a browser
+// send, unless it only reads: no form or script elsewhere may stop a run
+// through an operator's browser (a control plane served open has no
+// credential that would stop it). Browsers say where a request comes from
+// (Sec-Fetch-Site, Origin); programs send neither and are not concerned.
+func crossSite(r *http.Request) error {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	// Sec-Fetch-Site is the browser's own word, and it is sent even where
+	// a referrer policy makes the Origin "null"; Origin is for browsers
+	// older than it.
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "same-origin", "none":
+		return nil
+	case "":
+	default:
+		return refusal.New(refusal.Forbidden, "a page of another site may not send this request (Sec-Fetch-Site: %.40q)", site)
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return refusal.New(refusal.Forbidden, "a page of another origin may not send this request (Origin: %.100q)", origin)
+		}
+	}
+	return nil
 }
 
 // openPaths need no token: probes, the scraper, and the CA certificate,

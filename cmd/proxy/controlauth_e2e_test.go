@@ -87,7 +87,8 @@ func TestFreshServeIsClosedAndItsCLIWorksWithoutPassingAToken(t *testing.T) {
 	// Anyone else on the machine, with no token: 401 on the API, and the
 	// probes, the scraper and the CA stay open.
 	hc := &http.Client{Timeout: 5 * time.Second}
-	for path, want := range map[string]int{"/v1/runs": 401, "/v1/runs/r1": 401, "/healthz": 200, "/readyz": 200, "/metrics": 200, "/v1/ca": 200} {
+	// (The console at / sends such a visitor on to its login form.)
+	for path, want := range map[string]int{"/v1/runs": 401, "/v1/runs/r1": 401, "/healthz": 200, "/readyz": 200, "/metrics": 200, "/v1/ca": 200, "/": 200} {
 		resp, err := hc.Get(s.control + path)
 		if err != nil {
 			t.Fatal(err)
@@ -95,6 +96,9 @@ func TestFreshServeIsClosedAndItsCLIWorksWithoutPassingAToken(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != want {
 			t.Errorf("GET %s without a token: %d, want %d", path, resp.StatusCode, want)
+		}
+		if path == "/" && resp.Request.URL.Path != "/login" {
+			t.Errorf("GET / without a token ended at %s, want the console's login form", resp.Request.URL)
 		}
 	}
 	req, _ := http.NewRequest("POST", s.control+"/v1/runs/r1/cancel", strings.NewReader(`{}`))
