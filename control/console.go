@@ -84,10 +84,10 @@ func (h *Handler) newConsole(operatorToken string) error {
 	m.HandleFunc("GET /{$}", h.page(h.runsPage))
 	m.HandleFunc("GET /login", h.loginPage)
 	m.HandleFunc("POST /login", h.login)
-	m.HandleFunc("POST /logout", h.action(h.logout))
+	m.HandleFunc("POST /logout", h.action(false, h.logout))
 	m.HandleFunc("GET /runs/{run}", h.page(h.runPage))
-	m.HandleFunc("POST /runs/{run}/stop", h.action(h.stop))
-	m.HandleFunc("POST /runs/{run}/intents/{key}/resolve", h.action(h.reconcile))
+	m.HandleFunc("POST /runs/{run}/stop", h.action(true, h.stop))
+	m.HandleFunc("POST /runs/{run}/intents/{key}/resolve", h.action(true, h.reconcile))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusNotFound, view{Page: "error", Title: "Not found", Error: "There is no page " + r.URL.Path + "."})
 	})
@@ -97,9 +97,11 @@ func (h *Handler) newConsole(operatorToken string) error {
 // view is what a page template reads.
 type view struct {
 	Page, Title string
-	// Who is the actor the record names for this visitor.
-	Who    string
-	CanAct bool
+	// Who is the actor the record names for this visitor; Anonymous
+	// pages (the login form, early refusals) name nobody.
+	Who       string
+	Anonymous bool
+	CanAct    bool
 	// LoggedIn: a session cookie, which the logout button ends.
 	LoggedIn bool
 	CSRF     string
@@ -177,8 +179,8 @@ func (h *Handler) page(fn func(w http.ResponseWriter, r *http.Request, v console
 
 // action wraps a form POST: the visitor must prove itself (no redirect: a
 // form must not be lost silently), a cookie session must send its form's
-// CSRF token, and only an operator may act.
-func (h *Handler) action(fn func(w http.ResponseWriter, r *http.Request, v consoleVisitor)) http.HandlerFunc {
+// CSRF token, and, for what changes a run, it must be an operator.
+func (h *Handler) action(operatorOnly bool, fn func(w http.ResponseWriter, r *http.Request, v consoleVisitor)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		v, ok, err := h.visitor(r)
 		if !ok {
@@ -195,7 +197,7 @@ func (h *Handler) action(fn func(w http.ResponseWriter, r *http.Request, v conso
 				Error: "The form's CSRF token is missing or stale: reload the page and try again."})
 			return
 		}
-		if v.p.Scope != ScopeOperator {
+		if operatorOnly && v.p.Scope != ScopeOperator || v.p.Scope == ScopeWorker {
 			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden",
 				Error: "Only the operator token may stop runs or reconcile effects; this session is " + v.p.Actor() + "."})
 			return
@@ -221,7 +223,7 @@ func errText(err error, fallback string) string {
 
 // render writes a page with the console's headers.
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, v view) {
-	if v.Who == "" {
+	if v.Who == "" && !v.Anonymous {
 		if vis, ok, _ := h.visitor(r); ok {
 			v.Who, v.CanAct, v.LoggedIn = vis.p.Actor(), vis.p.Scope == ScopeOperator, vis.cookie != ""
 			if vis.cookie != "" {
@@ -272,7 +274,7 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("expired") != "" {
 		v.Error = "Your session has expired or is no longer valid: log in again."
 	}
-	v.Who = "-" // the layout shows no visitor on this page
+	v.Anonymous = true
 	h.render(w, r, http.StatusOK, v)
 }
 
@@ -281,12 +283,12 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
-		h.render(w, r, http.StatusBadRequest, view{Page: "error", Title: "Bad form", Who: "-", Error: "The form could not be read: " + err.Error()})
+		h.render(w, r, http.StatusBadRequest, view{Page: "error", Title: "Bad form", Anonymous: true, Error: "The form could not be read: " + err.Error()})
 		return
 	}
 	lv := &loginView{Next: safeNext(r.PostForm.Get("next")), Name: r.PostForm.Get("name")}
 	fail := func(status int, msg string) {
-		h.render(w, r, status, view{Page: "login", Title: "Log in", Who: "-", Error: msg, Login: lv})
+		h.render(w, r, status, view{Page: "login", Title: "Log in", Anonymous: true, Error: msg, Login: lv})
 	}
 	name, err := consoleName(lv.Name)
 	if err != nil {

@@ -299,6 +299,9 @@ func TestConsoleReadOnlySessionShowsAndChangesNothing(t *testing.T) {
 	if runStatus(t, store, "r1") != state.StatusActive || runStatus(t, store, "r2") != state.StatusUnknown {
 		t.Fatalf("a read-only session changed a run")
 	}
+	if p := b.do("POST", "/logout", url.Values{"csrf": {csrf}}, nil); p.status != http.StatusSeeOther || len(b.jar) != 0 {
+		t.Errorf("a read-only session logging out: %d, cookies %v", p.status, b.jar)
+	}
 }
 
 func TestConsoleTakesTheBearerHeaderForScripts(t *testing.T) {

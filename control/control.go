@@ -6,7 +6,8 @@
 // owns the wire format (the types in api.go, the status codes, the
 // error bodies) and the checks at the edge: who the caller is (auth.go:
 // operator, worker of one run, read-only), what that lets it do, the actor
-// the audit log records, body size and shape.
+// the audit log records, body size and shape. It also serves the operator
+// console, the same acts for people (console.go).
 //
 // It never dispatches an effect, never cuts a connection and never moves a
 // run on by itself (moving runs on is the sweeper's job): every transition is
@@ -226,7 +227,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := crossSite(r); err != nil {
 		h.log.Info("control: cross-site request refused", "method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"), "remote", r.RemoteAddr)
 		if consolePath(r.URL.Path) {
-			h.render(rw, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Who: "-", Error: errText(err, "")})
+			h.render(rw, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Anonymous: true, Error: errText(err, "")})
 			return
 		}
 		h.writeError(rw, r, err)
