@@ -47,19 +47,20 @@ func TestConsoleInChromium(t *testing.T) {
 	if err := chromedp.Do(browser); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	// shot saves a screenshot; a page that reloads itself (a draining run)
-	// may be caught mid-load, so a few bounded tries.
+	// shot saves a screenshot. A page that reloads itself (a draining run)
+	// may be caught between two loads, so it tries again, for at most 20s.
 	shot := func(name string) {
 		t.Helper()
 		var png []byte
 		var err error
-		for try := 0; try < 5; try++ {
+		for deadline := time.Now().Add(20 * time.Second); ; {
 			step, cancelStep := context.WithTimeout(browser, 5*time.Second)
 			png, err = chromedp.Run(step, chromedp.FullScreenshot(100))
 			cancelStep()
-			if err == nil {
+			if err == nil || time.Now().After(deadline) {
 				break
 			}
+			time.Sleep(100 * time.Millisecond)
 		}
 		if err != nil {
 			t.Fatalf("screenshot %s: %v", name, err)
