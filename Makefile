@@ -49,7 +49,7 @@ soak: test-deps
 # their seeds only). A finding stops the run and is kept under the package's
 # testdata/fuzz as a regression seed.
 FUZZTIME ?= 2m
-FUZZ_TARGETS := ./proxy:FuzzIdentify ./proxy:FuzzSpool ./proxy:FuzzDestinationCheck ./policy:FuzzPolicyParse
+FUZZ_TARGETS := ./proxy:FuzzIdentify ./proxy:FuzzSpool ./proxy:FuzzDestinationCheck ./policy:FuzzPolicyParse ./control:FuzzDecode ./browserguard:FuzzParseCommand
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "== $$name in $$pkg for $(FUZZTIME)"; \

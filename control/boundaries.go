@@ -65,9 +65,10 @@ func intentPath(r *http.Request) (run, key string, err error) {
 	return run, key, nil
 }
 
-// leaseOf is who holds a lease (the named worker, else the actor) and for
-// how long.
-func leaseOf(worker string, ttl *TTL, actor string) (string, time.Duration, error) {
+// leaseOf is who holds a lease and for how long: the named worker, else
+// the actor; for a caller with a worker token, always that worker (the
+// name it gives only tells its processes apart, see Principal.workerOwner).
+func leaseOf(r *http.Request, worker string, ttl *TTL, actor string) (string, time.Duration, error) {
 	if err := checkText("worker", worker); err != nil {
 		return "", 0, err
 	}
@@ -75,7 +76,14 @@ func leaseOf(worker string, ttl *TTL, actor string) (string, time.Duration, erro
 	if err != nil {
 		return "", 0, err
 	}
-	return cmp.Or(worker, actor), d, nil
+	return ownerOf(r, worker, actor), d, nil
+}
+
+func ownerOf(r *http.Request, name, actor string) string {
+	if p := principalOf(r); p.Scope == ScopeWorker {
+		return p.workerOwner(name)
+	}
+	return cmp.Or(name, actor)
 }
 
 func checkStepID(step string) error {
@@ -132,7 +140,7 @@ func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
 	if err := checkStepID(body.StepID); err != nil {
 		return 0, nil, err
 	}
-	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
+	owner, ttl, err := leaseOf(r, body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -197,7 +205,7 @@ func (h *Handler) dispatchRetry(r *http.Request, actor string) (int, any, error)
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
+	owner, ttl, err := leaseOf(r, body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -242,7 +250,7 @@ func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
 	return h.guard(r, state.GuardRequest{
 		RunID: id, ObservedVersion: body.CancelVersion, Key: body.Key, ExplicitKey: true, Boundary: boundary,
 		Method: body.Method, Target: body.Target, BodyDigest: body.BodyDigest, AllowCancelling: body.AllowCancelling,
-		LeaseOwner: cmp.Or(body.Carrier, actor), LeaseTTL: ttl, Actor: actor,
+		LeaseOwner: ownerOf(r, body.Carrier, actor), LeaseTTL: ttl, Actor: actor,
 	})
 }
 
@@ -281,7 +289,7 @@ func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	owner, ttl, err := leaseOf(body.Worker, body.LeaseTTL, actor)
+	owner, ttl, err := leaseOf(r, body.Worker, body.LeaseTTL, actor)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -344,7 +352,8 @@ func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) 
 	var attempt int
 	if body.Attempt != nil {
 		attempt = *body.Attempt
-	} else {
+	}
+	if p := principalOf(r); body.Attempt == nil || p.Scope == ScopeWorker {
 		// A caller that does not say which attempt it carried reports on
 		// the current one. This read is not part of the step: the store
 		// still compares the attempt atomically, so a report can only ever
@@ -354,7 +363,21 @@ func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) 
 		if err != nil {
 			return 0, nil, fmt.Errorf("read intent %s of run %s: %w", key, id, err)
 		}
-		attempt = max(in.Attempts, 1)
+		if body.Attempt == nil {
+			attempt = max(in.Attempts, 1)
+		}
+		// A worker reports on what it carries, never on an effect the
+		// egress proxy (or another worker) carries. The store compares the
+		// attempt in its step, so holding the report to the attempt whose
+		// lease was read here keeps the check and the write on one attempt.
+		if p.Scope == ScopeWorker {
+			if !p.carries(in.LeaseOwner) {
+				return 0, nil, refusal.New(refusal.Forbidden, "intent %s of run %s is carried by %q, not by %s: a worker reports the outcomes of the effects it carries", key, id, in.LeaseOwner, p.Actor())
+			}
+			if attempt != in.Attempts {
+				return 0, nil, refusal.New(refusal.StaleAttempt, "intent %s of run %s is at attempt %d, not %d: report on the attempt you carry", key, id, in.Attempts, attempt)
+			}
+		}
 	}
 	req := state.FinishRequest{RunID: id, Key: key, Attempt: attempt, Outcome: outcome, StatusCode: body.StatusCode, Reason: body.Reason, Actor: actor}
 	if err := req.Validate(); err != nil {

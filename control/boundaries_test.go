@@ -23,6 +23,9 @@ import (
 func serveOpts(t *testing.T, opts control.Options) *httptest.Server {
 	t.Helper()
 	opts.DrainTimeout = time.Hour
+	if opts.Token == "" && !opts.Open {
+		opts.Token = testToken
+	}
 	opts.Logger = slog.New(slog.DiscardHandler)
 	h, err := control.New(opts)
 	if err != nil {
@@ -154,7 +157,7 @@ func TestClaimRefusedOnceTheRunIsCancelled(t *testing.T) {
 					wantAdmitted("claim:s1", state.BoundaryClaim, state.IntentInFlight, 2)(t, r)
 					var g control.GuardResponse
 					r.json(t, &g)
-					if g.Intent.LeaseOwner != "operator:alice" {
+					if g.Intent.LeaseOwner != operatorAlice {
 						t.Errorf("lease owner %q, want the actor when no worker is named", g.Intent.LeaseOwner)
 					}
 				}},
@@ -427,7 +430,7 @@ func TestOutcomeReports(t *testing.T) {
 	i := slices.IndexFunc(events, func(e state.Event) bool {
 		return e.Kind == state.EventIntentOutcome && e.To == string(state.IntentUnknown)
 	})
-	if i < 0 || events[i].Actor != "operator:alice" || events[i].Intent != "k1" {
+	if i < 0 || events[i].Actor != operatorAlice || events[i].Intent != "k1" {
 		t.Errorf("events %+v, want the UNKNOWN outcome recorded by the request's actor", events)
 	}
 }

@@ -4,8 +4,10 @@
 // record their outcomes; reconcile UNKNOWN intents (by an operator, or by a
 // provider's signed webhook); and read rows, intents and the audit log. It
 // owns the wire format (the types in api.go, the status codes, the
-// error bodies) and the checks at the edge: the bearer token, the actor
-// header, body size and shape.
+// error bodies) and the checks at the edge: who the caller is (auth.go:
+// operator, worker of one run, read-only), what that lets it do, the actor
+// the audit log records, body size and shape. It also serves the operator
+// console, the same acts for people (console.go).
 //
 // It never dispatches an effect, never cuts a connection and never moves a
 // run on by itself (moving runs on is the sweeper's job): every transition is
@@ -14,12 +16,11 @@ package control
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -39,19 +40,26 @@ const (
 	MaxBodyBytes = 1 << 20
 	// MaxActorLen bounds the X-Stopgate-Actor header.
 	MaxActorLen = 128
-	// DefaultActor is recorded in the audit log when a request names none.
-	DefaultActor = "api"
 )
 
-// ActorHeader names who is acting, for the audit log (the CLI sends cli:$USER).
+// ActorHeader is the name an operator gives itself within the operator
+// scope (the CLI sends cli:$USER); the audit log records it beside what the
+// token proves: "operator (cli:alice)". A worker's or a reader's is ignored.
 const ActorHeader = "X-Stopgate-Actor"
 
 // Options configure a Handler.
 type Options struct {
 	Store state.Store
-	// Token, when set, is the bearer token every /v1 request must carry.
-	// /healthz and /readyz stay open so that probes need no secret.
+	// Token is the operator's bearer token. Every request but /healthz,
+	// /readyz, /metrics and /v1/ca must carry a token; New refuses to
+	// build a handler without this one unless Open is set.
 	Token string
+	// ReadToken, when set, is a bearer token of the read-only scope.
+	ReadToken string
+	// Open serves the API to callers without a credential, as an
+	// anonymous operator. Credentials that are presented are still checked
+	// and scoped. Only for a listener nobody else can reach.
+	Open bool
 	// DrainTimeout is the drain of a cancel that names none. Zero means
 	// none: in-flight work is cut at the sweeper's next pass. The server
 	// passes its --drain-timeout (30s by default).
@@ -73,7 +81,9 @@ type Options struct {
 	// Browsers launches a guarded browser for a run (POST
 	// /v1/runs/{run}/browsers); nil answers 503 browser_unavailable.
 	Browsers BrowserLauncher
-	// Tokens signs run tokens at POST /v1/runs/{run}/tokens; nil answers 404.
+	// Tokens signs run tokens at POST /v1/runs/{run}/tokens (nil answers
+	// 404), and verifies them as the bearer tokens of workers, each bound
+	// to the run its token names.
 	Tokens *runtoken.Signer
 	// Endpoints is served at GET /v1/endpoints.
 	Endpoints Endpoints
@@ -91,13 +101,13 @@ type Handler struct {
 	tokens       *runtoken.Signer
 	endpointInfo Endpoints
 	transparent  TransparentBinder
-	tokenSum     [sha256.Size]byte
-	hasToken     bool
+	creds        credentials
 	drain        time.Duration
 	storeTimeout time.Duration
 	log          *slog.Logger
 	metrics      http.Handler
 	mux          *http.ServeMux
+	console      console
 }
 
 // New returns the API handler over opts.Store.
@@ -108,6 +118,10 @@ func New(opts Options) (*Handler, error) {
 	if opts.DrainTimeout < 0 {
 		return nil, fmt.Errorf("control: drain timeout %s is negative", opts.DrainTimeout)
 	}
+	creds, err := newCredentials(opts)
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
 		store:        opts.Store,
 		caPEM:        opts.CACertPEM,
@@ -116,6 +130,7 @@ func New(opts Options) (*Handler, error) {
 		tokens:       opts.Tokens,
 		endpointInfo: opts.Endpoints,
 		transparent:  opts.Transparent,
+		creds:        creds,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
@@ -128,13 +143,10 @@ func New(opts Options) (*Handler, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	if opts.Token != "" {
-		// Compare digests so the comparison takes the same time whatever
-		// the length of the token presented.
-		h.tokenSum = sha256.Sum256([]byte(opts.Token))
-		h.hasToken = true
-	}
 	h.routes()
+	if err := h.newConsole(opts.Token); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -142,8 +154,12 @@ func New(opts Options) (*Handler, error) {
 // success, or an error that writeError turns into the JSON error body.
 type apiFunc func(r *http.Request, actor string) (int, any, error)
 
+// route is one endpoint: what it needs of the caller (access), and what
+// a refusal calls the act (what).
 type route struct {
 	method, path string
+	access       access
+	what         string
 	fn           apiFunc
 }
 
@@ -155,32 +171,32 @@ func (h *Handler) routes() {
 		h.mux.Handle("GET /metrics", h.metrics)
 	}
 	routes := []route{
-		{http.MethodPost, "/v1/runs", h.admit},
-		{http.MethodGet, "/v1/runs", h.list},
-		{http.MethodGet, "/v1/runs/{run}", h.get},
-		{http.MethodPost, "/v1/runs/{run}/cancel", h.cancel},
-		{http.MethodPost, "/v1/runs/{run}/complete", h.complete},
-		{http.MethodGet, "/v1/runs/{run}/events", h.events},
-		{http.MethodGet, "/v1/runs/{run}/intents", h.intents},
-		{http.MethodGet, "/v1/runs/{run}/audit", h.audit},
-		{http.MethodPost, "/v1/runs/{run}/claims", h.claim},
-		{http.MethodPost, "/v1/runs/{run}/retries", h.retry},
-		{http.MethodPost, "/v1/runs/{run}/retries/{step}/{attempt}/dispatch", h.dispatchRetry},
-		{http.MethodPost, "/v1/runs/{run}/intents", h.beginIntent},
-		{http.MethodGet, "/v1/runs/{run}/intents/{key}", h.getIntent},
-		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", h.finishIntent},
-		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", h.renewIntent},
-		{http.MethodPost, "/v1/runs/{run}/tokens", h.issueToken},
-		{http.MethodPost, resolvePath, h.resolve},
-		{http.MethodPost, "/v1/runs/{run}/browsers", h.launchBrowser},
-		{http.MethodGet, "/v1/endpoints", h.endpoints},
-		{http.MethodPost, "/v1/transparent/bindings", h.bind},
-		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", h.renewBinding},
-		{http.MethodDelete, "/v1/transparent/bindings/{id}", h.unbind},
+		{http.MethodPost, "/v1/runs", accessOperate, "admit runs", h.admit},
+		{http.MethodGet, "/v1/runs", accessRead, "list runs", h.list},
+		{http.MethodGet, "/v1/runs/{run}", accessRead, "read the row", h.get},
+		{http.MethodPost, "/v1/runs/{run}/cancel", accessOperate, "cancel runs", h.cancel},
+		{http.MethodPost, "/v1/runs/{run}/complete", accessOperate, "complete runs", h.complete},
+		{http.MethodGet, "/v1/runs/{run}/events", accessRead, "read the events", h.events},
+		{http.MethodGet, "/v1/runs/{run}/intents", accessRead, "read the intents", h.intents},
+		{http.MethodGet, "/v1/runs/{run}/audit", accessRead, "read the audit", h.audit},
+		{http.MethodPost, "/v1/runs/{run}/claims", accessWork, "claim steps", h.claim},
+		{http.MethodPost, "/v1/runs/{run}/retries", accessWork, "schedule retries", h.retry},
+		{http.MethodPost, "/v1/runs/{run}/retries/{step}/{attempt}/dispatch", accessWork, "dispatch retries", h.dispatchRetry},
+		{http.MethodPost, "/v1/runs/{run}/intents", accessWork, "guard effects", h.beginIntent},
+		{http.MethodGet, "/v1/runs/{run}/intents/{key}", accessRead, "read intents", h.getIntent},
+		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", accessWork, "report outcomes", h.finishIntent},
+		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", accessWork, "renew leases", h.renewIntent},
+		{http.MethodPost, "/v1/runs/{run}/tokens", accessOperate, "mint run tokens", h.issueToken},
+		{http.MethodPost, resolvePath, accessResolve, "resolve UNKNOWN intents", h.resolve},
+		{http.MethodPost, "/v1/runs/{run}/browsers", accessWork, "launch browsers", h.launchBrowser},
+		{http.MethodGet, "/v1/endpoints", accessRead, "read where to send an agent", h.endpoints},
+		{http.MethodPost, "/v1/transparent/bindings", accessOperate, "bind a uid to a run", h.bind},
+		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", accessOperate, "renew a binding", h.renewBinding},
+		{http.MethodDelete, "/v1/transparent/bindings/{id}", accessOperate, "remove a binding", h.unbind},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {
-		h.mux.Handle(rt.method+" "+rt.path, h.api(rt.fn))
+		h.mux.Handle(rt.method+" "+rt.path, h.api(rt))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}
 	allowed["/healthz"] = []string{http.MethodGet}
@@ -204,7 +220,8 @@ func (h *Handler) routes() {
 	})
 }
 
-// ServeHTTP recovers from panics, checks the token, then routes.
+// ServeHTTP recovers from panics, says who the caller is (a request
+// without a valid credential goes no further than a 401), then routes.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &responseWriter{ResponseWriter: w}
@@ -220,37 +237,63 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Debug("control: request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 	}()
-	// A signed webhook resolve authenticates by its signature instead of
-	// the token; resolve verifies it (signedWebhook).
-	if h.hasToken && !openPath(r.URL.Path) && !h.signedWebhook(r) && !h.authorized(r) {
-		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
-		h.writeError(rw, r, refusal.New(refusal.Unauthorized, "missing or wrong bearer token: send Authorization: Bearer <token> (stopgate --token or STOPGATE_TOKEN)"))
+	if err := crossSite(r); err != nil {
+		h.log.Info("control: cross-site request refused", "method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"), "remote", r.RemoteAddr)
+		if consolePath(r.URL.Path) {
+			h.render(rw, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Anonymous: true, Error: errText(err, "")})
+			return
+		}
+		h.writeError(rw, r, err)
 		return
 	}
-	h.mux.ServeHTTP(rw, r)
-}
-
-func (h *Handler) authorized(r *http.Request) bool {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+	if openPath(r.URL.Path) {
+		h.mux.ServeHTTP(rw, r)
+		return
 	}
-	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	return subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) == 1
+	if consolePath(r.URL.Path) {
+		h.console.mux.ServeHTTP(rw, r)
+		return
+	}
+	var p Principal
+	var err error
+	if h.signedWebhook(r) {
+		// A provider's webhook holds no token: its signature stands in
+		// for one on the resolve route alone, and resolve verifies it.
+		p = Principal{Scope: scopeWebhook}
+	} else if p, err = h.authenticate(r); err != nil {
+		rw.Header().Set("WWW-Authenticate", `Bearer realm="stopgate"`)
+		h.log.Debug("control: unauthenticated request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+		h.writeError(rw, r, err)
+		return
+	}
+	h.mux.ServeHTTP(rw, withPrincipal(r, p))
 }
 
-// api adapts an apiFunc: it reads the actor, bounds the store calls, and
+// api adapts an endpoint: it checks that the caller's scope allows it (on
+// the run of the path), names the actor, bounds the store calls, and
 // writes the answer.
-func (h *Handler) api(fn apiFunc) http.Handler {
+func (h *Handler) api(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		actor, err := actorOf(r)
+		p := principalOf(r)
+		if err := p.allow(rt.access, r.PathValue("run"), rt.what); err != nil {
+			h.log.Info("control: forbidden", "method", r.Method, "path", r.URL.Path, "actor", p.Actor(), "remote", r.RemoteAddr)
+			h.writeError(w, r, err)
+			return
+		}
+		claimed, err := claimedName(r)
 		if err != nil {
 			h.writeError(w, r, err)
 			return
 		}
+		if p.Scope == ScopeOperator {
+			// Within the operator scope the caller may say who it is;
+			// a worker or a reader is its token, nothing else.
+			p.Claimed = claimed
+			r = withPrincipal(r, p)
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 		defer cancel()
-		status, body, err := fn(r.WithContext(ctx), actor)
+		status, body, err := rt.fn(r.WithContext(ctx), p.Actor())
 		if err != nil {
 			h.writeError(w, r, err)
 			return
@@ -259,10 +302,12 @@ func (h *Handler) api(fn apiFunc) http.Handler {
 	})
 }
 
-func actorOf(r *http.Request) (string, error) {
+// claimedName reads X-Stopgate-Actor: empty when absent, refused when
+// malformed (whoever sends it).
+func claimedName(r *http.Request) (string, error) {
 	vals := r.Header.Values(ActorHeader)
 	if len(vals) == 0 {
-		return DefaultActor, nil
+		return "", nil
 	}
 	if len(vals) > 1 {
 		return "", refusal.New(refusal.InvalidRequest, "%s", ActorHeader+" is given more than once")
@@ -277,6 +322,35 @@ func actorOf(r *http.Request) (string, error) {
 		}
 	}
 	return a, nil
+}
+
+// crossSite refuses a request that a page of another site made a browser
+// send, unless it only reads: no form or script elsewhere may stop a run
+// through an operator's browser (a control plane served open has no
+// credential that would stop it). Browsers say where a request comes from
+// (Sec-Fetch-Site, Origin); programs send neither and are not concerned.
+func crossSite(r *http.Request) error {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	// Sec-Fetch-Site is the browser's own word, and it is sent even where
+	// a referrer policy makes the Origin "null"; Origin is for browsers
+	// older than it.
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "same-origin", "none":
+		return nil
+	case "":
+	default:
+		return refusal.New(refusal.Forbidden, "a page of another site may not send this request (Sec-Fetch-Site: %.40q)", site)
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return refusal.New(refusal.Forbidden, "a page of another origin may not send this request (Origin: %.100q)", origin)
+		}
+	}
+	return nil
 }
 
 // openPaths need no token: probes, the scraper, and the CA certificate,

@@ -22,8 +22,15 @@ import (
 // The specs run against real stores behind a real HTTP server: the
 // embedded store in a temporary directory here, Redis in redis_test.go.
 
+// testToken is the operator token of the servers these tests start; do
+// sends it unless a spec sets (or, with "", removes) Authorization.
+const testToken = "sgop_test-operator-token"
+
 func serve(t *testing.T, store state.Store, token string) *httptest.Server {
 	t.Helper()
+	if token == "" {
+		token = testToken
+	}
 	h, err := control.New(control.Options{Store: store, Token: token, DrainTimeout: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatalf("control.New: %v", err)
@@ -62,6 +69,7 @@ func do(t *testing.T, srv *httptest.Server, method, path, body string, header ma
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	for k, v := range header {
 		if v == "" {
 			req.Header.Del(k)
@@ -192,7 +200,11 @@ func wantIDs(want ...string) func(t *testing.T, r reply) {
 	}
 }
 
-var operator = map[string]string{control.ActorHeader: "operator:alice"}
+// operator is an operator who says who they are; the audit log records
+// that beside what the token proves (operatorAlice).
+var operator = map[string]string{control.ActorHeader: "cli:alice"}
+
+const operatorAlice = "operator (cli:alice)"
 
 // walkSpecs covers every endpoint and every refusal that the store decides,
 // so the same walk checks both stores give the API the same answers.
@@ -247,19 +259,19 @@ func walkSpecs() []spec {
 			if !slices.Equal(kinds, []string{state.EventRunAdmitted, state.EventRunCancelled}) {
 				t.Fatalf("event kinds %q: %s", kinds, r.body)
 			}
-			if a := l.Events[1].Actor; a != "operator:alice" {
-				t.Errorf("cancel recorded actor %q, want the X-Stopgate-Actor header", a)
+			if a := l.Events[1].Actor; a != operatorAlice {
+				t.Errorf("cancel recorded actor %q, want %q: the token's scope and the name the operator gave", a, operatorAlice)
 			}
 			if l.Events[1].Reason != "operator pressed stop" {
 				t.Errorf("cancel recorded reason %q", l.Events[1].Reason)
 			}
 		}},
-		{name: "DefaultActorIsAPI", method: "GET", path: "/v1/runs/r2/events", status: 200, check: func(t *testing.T, r reply) {
+		{name: "ActorWithoutAClaimIsTheScope", method: "GET", path: "/v1/runs/r2/events", status: 200, check: func(t *testing.T, r reply) {
 			var l control.EventList
 			r.json(t, &l)
 			for _, e := range l.Events {
-				if e.Actor != control.DefaultActor {
-					t.Errorf("event %s by %q, want %q", e.Kind, e.Actor, control.DefaultActor)
+				if e.Actor != string(control.ScopeOperator) {
+					t.Errorf("event %s by %q, want %q", e.Kind, e.Actor, control.ScopeOperator)
 				}
 			}
 		}},
@@ -353,7 +365,7 @@ func TestRequestErrors(t *testing.T) {
 func TestToken(t *testing.T) {
 	srv := serve(t, testkit.FileStore(t), "s3cret")
 	run(t, srv, []spec{
-		{name: "Missing", method: "GET", path: "/v1/runs", status: 401, code: string(refusal.Unauthorized), message: "token", check: func(t *testing.T, r reply) {
+		{name: "Missing", method: "GET", path: "/v1/runs", header: map[string]string{"Authorization": ""}, status: 401, code: string(refusal.Unauthorized), message: "token", check: func(t *testing.T, r reply) {
 			if !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
 				t.Errorf("WWW-Authenticate %q", r.header.Get("WWW-Authenticate"))
 			}

@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -90,16 +91,24 @@ func (h *Handler) resolve(r *http.Request, actor string) (int, any, error) {
 			return 0, nil, fmt.Errorf("%w: key %q is not the intent in the path (%s)", state.ErrInvalid, body.Key, key)
 		}
 	}
-	req := state.ResolveRequest{RunID: id, Key: key, Applied: applied, Source: source, Note: body.Note, Actor: actor}
-	if err := req.Validate(); err != nil {
+	in, err := h.resolveIntent(r.Context(), state.ResolveRequest{RunID: id, Key: key, Applied: applied, Source: source, Note: body.Note, Actor: actor})
+	if err != nil {
 		return 0, nil, err
 	}
-	in, err := h.store.Resolve(r.Context(), req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("resolve intent %s of run %s: %w", key, id, err)
-	}
-	h.log.Info("intent resolved", "run", id, "key", key, "state", in.State, "source", source, "actor", actor, "note", body.Note)
 	return http.StatusOK, in, nil
+}
+
+// resolveIntent is the reconciliation of the API and of the console.
+func (h *Handler) resolveIntent(ctx context.Context, req state.ResolveRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	in, err := h.store.Resolve(ctx, req)
+	if err != nil {
+		return in, fmt.Errorf("resolve intent %s of run %s: %w", req.Key, req.RunID, err)
+	}
+	h.log.Info("intent resolved", "run", req.RunID, "key", req.Key, "state", in.State, "source", req.Source, "actor", req.Actor, "note", req.Note)
+	return in, nil
 }
 
 // verifyWebhook authenticates a signed resolve: the body's source must be

@@ -58,7 +58,7 @@ func TestResolveByOperator(t *testing.T) {
 			t.Fatal(err)
 		}
 		i := slices.IndexFunc(events, func(e state.Event) bool { return e.Kind == state.EventIntentResolved })
-		if i < 0 || events[i].Actor != "operator:alice" || events[i].Reason != "operator: provider dashboard shows no charge" {
+		if i < 0 || events[i].Actor != operatorAlice || events[i].Reason != "operator: provider dashboard shows no charge" {
 			t.Fatalf("resolution event: %+v", events)
 		}
 	})

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -81,23 +82,37 @@ func (h *Handler) cancel(r *http.Request, actor string) (int, any, error) {
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	drain := h.drain
+	var drain *time.Duration
 	if body.DrainTimeout != nil {
-		drain = time.Duration(*body.DrainTimeout)
+		d := time.Duration(*body.DrainTimeout)
+		drain = &d
 	}
-	req := state.CancelRequest{RunID: id, Actor: actor, Reason: body.Reason, DrainTimeout: drain}
-	if err := req.Validate(); err != nil {
+	res, err := h.cancelRun(r.Context(), id, actor, body.Reason, drain)
+	if err != nil {
 		return 0, nil, err
 	}
-	res, err := h.store.Cancel(r.Context(), req)
+	return http.StatusAccepted, CancelResponse{Run: normRun(res.Run), Changed: res.Changed}, nil
+}
+
+// cancelRun is the cancel of the API and of the console's Stop button:
+// drain nil takes the server's default.
+func (h *Handler) cancelRun(ctx context.Context, id, actor, reason string, drain *time.Duration) (state.CancelResult, error) {
+	req := state.CancelRequest{RunID: id, Actor: actor, Reason: reason, DrainTimeout: h.drain}
+	if drain != nil {
+		req.DrainTimeout = *drain
+	}
+	if err := req.Validate(); err != nil {
+		return state.CancelResult{}, err
+	}
+	res, err := h.store.Cancel(ctx, req)
 	if err != nil {
-		return 0, nil, fmt.Errorf("cancel run %s: %w", id, err)
+		return res, fmt.Errorf("cancel run %s: %w", id, err)
 	}
 	if res.Changed {
 		h.log.Info("run cancelled", "run", id, "status", res.Run.Status, "cancel_version", res.Run.CancelVersion,
-			"drain_timeout", drain, "actor", actor, "reason", req.Reason)
+			"drain_timeout", req.DrainTimeout, "actor", actor, "reason", req.Reason)
 	}
-	return http.StatusAccepted, CancelResponse{Run: normRun(res.Run), Changed: res.Changed}, nil
+	return res, nil
 }
 
 func (h *Handler) complete(r *http.Request, actor string) (int, any, error) {

@@ -68,7 +68,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := control.New(control.Options{Store: store, DrainTimeout: time.Minute, Logger: log})
+	api, err := control.New(control.Options{Store: store, Open: true, DrainTimeout: time.Minute, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,13 +27,13 @@ func newHarnessWithCA(t *testing.T, pem []byte) *harness {
 		t.Fatalf("open store: %v", err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	h, err := control.New(control.Options{Store: store, DrainTimeout: time.Hour, CACertPEM: pem})
+	h, err := control.New(control.Options{Store: store, Token: harnessToken, DrainTimeout: time.Hour, CACertPEM: pem})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &harness{store: store, url: srv.URL}
+	return &harness{store: store, url: srv.URL, token: harnessToken}
 }
 
 // squash collapses the padding of aligned tables, so that checks do not
@@ -116,7 +116,7 @@ func TestClaimAndRetryVerbs(t *testing.T) {
 	h.want(t, []string{"claim", "q1", "s1"}, 1, "", "intent_in_progress")
 	out = h.want(t, []string{"claim", "q1", "s2", "--json"}, 0, `"admitted":true`, "")
 	var g control.GuardResponse
-	if err := json.Unmarshal([]byte(out), &g); err != nil || g.Intent.LeaseOwner != "cli:tester" {
+	if err := json.Unmarshal([]byte(out), &g); err != nil || g.Intent.LeaseOwner != "operator (cli:tester)" {
 		t.Errorf("claim --json: %v %s", err, out)
 	}
 	at := time.Now().Add(time.Hour).UTC().Truncate(time.Second)

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -68,7 +71,7 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
-		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data",
+		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data", ControlAuth: "token",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
 		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
@@ -82,7 +85,7 @@ func TestServeConfig(t *testing.T) {
 	e := env(map[string]string{
 		"STOPGATE_CONTROL_ADDR": "127.0.0.1:9001", "STOPGATE_DRAIN_TIMEOUT": "5s", "STOPGATE_AUTO_ADMIT": "false",
 		"STOPGATE_STORE": "redis://127.0.0.1:6379/0", "STOPGATE_REQUIRE_DURABLE": "true", "STOPGATE_LOG_LEVEL": "debug",
-		"STOPGATE_CONTROL_TOKEN": "tok", "STOPGATE_RUN": "static-1",
+		"STOPGATE_CONTROL_TOKEN": "tok-0123456789abcdef", "STOPGATE_RUN": "static-1",
 	})
 	cfg, err = parseServeConfig([]string{"--control-addr", "127.0.0.1:9002"}, e)
 	if err != nil {
@@ -92,7 +95,7 @@ func TestServeConfig(t *testing.T) {
 		t.Errorf("flag did not win over env: %s", cfg.ControlAddr)
 	}
 	if cfg.DrainTimeout != 5*time.Second || cfg.AutoAdmit || !cfg.RequireDurable || cfg.LogLevel != slog.LevelDebug ||
-		cfg.Store != "redis://127.0.0.1:6379/0" || cfg.ControlToken != "tok" || cfg.Run != "static-1" {
+		cfg.Store != "redis://127.0.0.1:6379/0" || cfg.ControlToken != "tok-0123456789abcdef" || cfg.Run != "static-1" || cfg.SecretsOnCommandLine != "" {
 		t.Errorf("env not applied: %+v", cfg)
 	}
 	// --allow-dest repeats; its variable lists with commas; a flag wins over the variable.
@@ -107,6 +110,27 @@ func TestServeConfig(t *testing.T) {
 	cfg, err = parseServeConfig([]string{"--auto-admit=true", "--drain-timeout", "0s"}, e)
 	if err != nil || !cfg.AutoAdmit || cfg.DrainTimeout != 0 {
 		t.Errorf("flags over env: %+v, %v", cfg, err)
+	}
+
+	// Secrets read from files: the file's value, not the path, is the secret.
+	tokenFile, emptyFile := filepath.Join(t.TempDir(), "token"), filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(tokenFile, []byte("file-0123456789abcd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(emptyFile, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = parseServeConfig([]string{"--control-token-file", tokenFile, "--run-token-secret", strings.Repeat("s", 32)}, env(nil))
+	if err != nil || cfg.ControlToken != "file-0123456789abcd" || cfg.SecretsOnCommandLine != "--run-token-secret" {
+		t.Errorf("token from a file: %+v %v; want the file's token, and --run-token-secret named as on the command line", cfg, err)
+	}
+	cfg, err = parseServeConfig([]string{"--control-token", "0123456789abcdef0"}, env(map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile + "-absent"}))
+	if err == nil || !strings.Contains(err.Error(), "STOPGATE_RUN_TOKEN_SECRET_FILE") {
+		t.Errorf("a missing secret file named in the environment: %+v %v", cfg, err)
+	}
+	cfg, err = parseServeConfig([]string{"--control-token", "0123456789abcdef0"}, env(nil))
+	if err != nil || cfg.SecretsOnCommandLine != "--control-token" {
+		t.Errorf("--control-token on the command line: %q %v", cfg.SecretsOnCommandLine, err)
 	}
 
 	bad := []struct {
@@ -142,7 +166,6 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--max-body", "lots"}, nil, "-max-body"},
 		{[]string{"--spool-dir", "/nonexistent/spool"}, nil, "--spool-dir: /nonexistent/spool is not a directory"},
 		{[]string{"--run-token-secret", "short"}, nil, "--run-token-secret: is 5 bytes; want at least 32"},
-		{[]string{"--require-run-token"}, nil, "--require-run-token: needs --run-token-secret"},
 		{[]string{"--allow-dest", "http://10.0.0.1/"}, nil, "--allow-dest: allowed destinations: destination \"http://10.0.0.1/\": a URL"},
 		{nil, map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8,10.1.2.3/8"}, "STOPGATE_ALLOW_DEST: allowed destinations: destination \"10.1.2.3/8\": host bits are set (did you mean 10.0.0.0/8?)"},
 		{[]string{"--allow-dest", "169.254.169.254"}, nil, "--allow-dest: allowed destinations: 169.254.169.254 is link-local or cloud metadata"},
@@ -150,6 +173,16 @@ func TestServeConfig(t *testing.T) {
 		{nil, map[string]string{"STOPGATE_MAX_CONNS_PER_RUN": "-1"}, "STOPGATE_MAX_CONNS_PER_RUN: -1: want a positive number"},
 		{[]string{"--client-idle-timeout", "0s"}, nil, "--client-idle-timeout: 0s: want a positive duration"},
 		{[]string{"--tunnel-handshake-timeout", "soon"}, nil, "-tunnel-handshake-timeout: want a duration"},
+		{[]string{"--control-auth", "maybe"}, nil, `--control-auth: "maybe": want token or none`},
+		{[]string{"--control-token", "short"}, nil, "--control-token: is 5 bytes; want at least 16"},
+		{nil, map[string]string{"STOPGATE_CONTROL_TOKEN": "has a space in it, long"}, "STOPGATE_CONTROL_TOKEN: has a space"},
+		{[]string{"--control-token", "sg1.looks-like-a-run-token"}, nil, "looks like a run token"},
+		{[]string{"--control-token", "0123456789abcdef0"}, map[string]string{"STOPGATE_CONTROL_TOKEN_FILE": tokenFile}, "--control-token: and STOPGATE_CONTROL_TOKEN_FILE are both set"},
+		{[]string{"--control-auth", "none", "--control-token-file", tokenFile}, nil, "--control-token-file: is set, and --control-auth is none"},
+		{[]string{"--control-token-file", "/nonexistent/token"}, nil, "--control-token-file: open /nonexistent/token"},
+		{[]string{"--control-token-file", emptyFile}, nil, "--control-token-file: the secret in " + emptyFile + " is empty"},
+		{[]string{"--read-token-file", emptyFile}, nil, "--read-token-file: the secret in"},
+		{nil, map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile}, "STOPGATE_RUN_TOKEN_SECRET_FILE: is 19 bytes; want at least 32"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))
@@ -167,14 +200,22 @@ func TestServeConfig(t *testing.T) {
 	}
 }
 
-// harness is a control API on the embedded store, and a CLI pointed at it.
+// harness is a control API on the embedded store, and a CLI pointed at it
+// with the operator token in $STOPGATE_CONTROL_TOKEN.
 type harness struct {
 	store *filestore.Store
 	url   string
+	token string
 }
+
+// harnessToken is the operator token of a harness made without one.
+const harnessToken = "sgop_harness-operator-token"
 
 func newHarness(t *testing.T, token string) *harness {
 	t.Helper()
+	if token == "" {
+		token = harnessToken
+	}
 	store, err := filestore.Open(filepath.Join(t.TempDir(), "stopgate.db"), filestore.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
@@ -186,13 +227,13 @@ func newHarness(t *testing.T, token string) *harness {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &harness{store: store, url: srv.URL}
+	return &harness{store: store, url: srv.URL, token: token}
 }
 
 // cli runs one command line in-process and returns exit code and output.
 func (h *harness) cli(t *testing.T, extraEnv map[string]string, args ...string) (int, string, string) {
 	t.Helper()
-	e := map[string]string{"STOPGATE_CONTROL": h.url, "USER": "tester"}
+	e := map[string]string{"STOPGATE_CONTROL": h.url, "USER": "tester", "STOPGATE_CONTROL_TOKEN": h.token}
 	for k, v := range extraEnv {
 		e[k] = v
 	}
@@ -291,13 +332,95 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-func TestToken(t *testing.T) {
-	h := newHarness(t, "s3cret")
-	h.want(t, []string{"admit", "r1"}, 1, "", "missing or wrong bearer token")
-	h.want(t, []string{"admit", "r1", "--token", "wrong"}, 1, "", "missing or wrong bearer token")
-	h.want(t, []string{"admit", "r1", "--token", "s3cret"}, 0, "admitted", "")
-	if code, out, _ := h.cli(t, map[string]string{"STOPGATE_TOKEN": "s3cret"}, "status", "r1"); code != 0 || !strings.Contains(out, "ACTIVE") {
-		t.Errorf("STOPGATE_TOKEN not used: %d %s", code, out)
+// TestCLIFindsItsToken: the client verbs take the token from the command
+// line, a file or the environment, else from serve's data directory, and
+// say after a 401 which token they sent.
+func TestCLIFindsItsToken(t *testing.T) {
+	const token = "sgop_the-servers-operator-token"
+	h := newHarness(t, token)
+	h.want(t, []string{"admit", "r1"}, 0, "admitted", "")
+	// The directory serve would have written, elsewhere and here.
+	dataDir, cwd := t.TempDir(), t.TempDir()
+	t.Chdir(cwd)
+	for _, dir := range []string{dataDir, filepath.Join(cwd, "stopgate-data")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, control.OperatorTokenFile), []byte(token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokenFile := filepath.Join(dataDir, control.OperatorTokenFile)
+	emptyDir := t.TempDir()
+	for _, tc := range []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		code      int
+		stderrHas string
+	}{
+		{"TokenFlag", nil, []string{"--token", token}, 0, ""},
+		{"TokenFileFlag", nil, []string{"--token-file", tokenFile}, 0, ""},
+		{"ControlTokenVariable", map[string]string{"STOPGATE_CONTROL_TOKEN": token}, nil, 0, ""},
+		{"ControlTokenFileVariable", map[string]string{"STOPGATE_CONTROL_TOKEN_FILE": tokenFile}, nil, 0, ""},
+		{"OlderTokenVariable", map[string]string{"STOPGATE_TOKEN": token}, nil, 0, ""},
+		{"DataDirFlag", nil, []string{"--data-dir", dataDir}, 0, ""},
+		{"DataDirVariable", map[string]string{"STOPGATE_DATA_DIR": dataDir}, nil, 0, ""},
+		{"DefaultDataDirHere", nil, nil, 0, ""},
+		{"FlagBeatsTheFile", nil, []string{"--token", "sgop_wrong", "--data-dir", dataDir}, 1, "The token from --token was refused"},
+		{"NoTokenAnywhere", nil, []string{"--control", "http://localhost:1"}, 1, "cannot reach"},
+		{"ExplicitDataDirWithoutToken", nil, []string{"--data-dir", emptyDir}, 1, "the operator token: open " + filepath.Join(emptyDir, control.OperatorTokenFile)},
+		{"EmptyTokenFile", nil, []string{"--token-file", filepath.Join(emptyDir, "absent")}, 2, "--token-file: open"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := map[string]string{"STOPGATE_CONTROL_TOKEN": ""}
+			maps.Copy(e, tc.env)
+			code, out, errOut := h.cli(t, e, append([]string{"status", "r1"}, tc.args...)...)
+			if code != tc.code || !strings.Contains(errOut, tc.stderrHas) {
+				t.Fatalf("exit %d, want %d with stderr saying %q\nstdout: %s\nstderr: %s", code, tc.code, tc.stderrHas, out, errOut)
+			}
+			if code == 0 && !strings.Contains(out, "ACTIVE") {
+				t.Fatalf("stdout: %s", out)
+			}
+		})
+	}
+
+	// Without the directory here, nothing is sent, and the 401 says where
+	// the token would have been.
+	t.Chdir(emptyDir)
+	code, _, errOut := h.cli(t, map[string]string{"STOPGATE_CONTROL_TOKEN": ""}, "status", "r1")
+	if code != exitError || !strings.Contains(errOut, "unauthorized") || !strings.Contains(errOut, "No token was sent") || !strings.Contains(errOut, "STOPGATE_DATA_DIR") {
+		t.Fatalf("exit %d, stderr %q; want a 401 that says no token was sent and where to find one", code, errOut)
+	}
+}
+
+// TestCLISendsTheLocalTokenOnlyToThisMachine: the operator token found in
+// ./stopgate-data is never sent to a control API on another host unless
+// the data directory is named.
+func TestCLISendsTheLocalTokenOnlyToThisMachine(t *testing.T) {
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+	if err := os.MkdirAll("stopgate-data", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join("stopgate-data", control.OperatorTokenFile), []byte("sgop_local\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCLI(io.Discard, io.Discard, env(nil))
+	for _, tc := range []struct {
+		control, dataDir, want string
+	}{
+		{"http://127.0.0.1:8081", "", "sgop_local"},
+		{"http://localhost:8081", "", "sgop_local"},
+		{"http://[::1]:8081", "", "sgop_local"},
+		{"https://stopgate.internal:8081", "", ""},
+		{"http://10.0.0.7:8081", "", ""},
+		{"http://10.0.0.7:8081", "stopgate-data", "sgop_local"},
+	} {
+		got, _, err := c.findToken(&verbOpts{control: tc.control, dataDir: tc.dataDir})
+		if err != nil || got != tc.want {
+			t.Errorf("--control %s --data-dir %q: token %q, %v; want %q", tc.control, tc.dataDir, got, err, tc.want)
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/browserguard"
+	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
@@ -44,7 +45,17 @@ type serveConfig struct {
 	// none; empty means requests must name theirs.
 	Run            string
 	RequireDurable bool
-	ControlToken   string
+	// ControlAuth is authToken (every control request but the probes, the
+	// scraper and the CA needs a token) or authNone (an open control plane).
+	ControlAuth string
+	// ControlToken is the operator token, from --control-token or read
+	// from ControlTokenFile; empty: DataDir/operator.token, created on the
+	// first start.
+	ControlToken     string
+	ControlTokenFile string
+	// ReadTokenFile holds the read-only token; empty:
+	// DataDir/read-only.token, created on the first start.
+	ReadTokenFile string
 	// DrainTimeout is the drain of a cancel that names none.
 	DrainTimeout time.Duration
 	AutoAdmit    bool
@@ -69,8 +80,16 @@ type serveConfig struct {
 	MaxBody int64
 	// SpoolDir holds large request bodies while they are digested.
 	SpoolDir string
-	// RunTokenSecret signs and verifies run tokens; empty: tokens are off.
-	RunTokenSecret string
+	// RunTokenSecret signs and verifies run tokens (the workers'
+	// credentials), from --run-token-secret or read from
+	// RunTokenSecretFile; empty: DataDir/run-token.secret, created on the
+	// first start.
+	RunTokenSecret     string
+	RunTokenSecretFile string
+	// SecretsOnCommandLine names the secret flags given on the command
+	// line, where every user of the machine can read them (ps); serve
+	// warns about each.
+	SecretsOnCommandLine string
 	// RequireRunToken makes a signed token the only way a client names its run.
 	RequireRunToken bool
 
@@ -120,7 +139,11 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
 	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
 	fs.Var(boolValue{&cfg.RequireDurable}, "require-durable", "refuse to start unless the store persists every write before acknowledging it")
-	fs.StringVar(&cfg.ControlToken, "control-token", "", "bearer token the control API requires (empty: none)")
+	cfg.ControlAuth = authToken
+	fs.StringVar(&cfg.ControlAuth, "control-auth", authToken, "`mode`: token (the control API needs a bearer token) or none (open to whoever reaches it; loudly logged)")
+	fs.StringVar(&cfg.ControlToken, "control-token", "", "the operator's bearer `token` (16 bytes or more; visible in ps: prefer --control-token-file or the environment); default: "+control.OperatorTokenFile+" in --data-dir, created on the first start")
+	fs.StringVar(&cfg.ControlTokenFile, "control-token-file", "", "`file` holding the operator's bearer token")
+	fs.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "`file` holding the read-only bearer token; default: "+control.ReadTokenFile+" in --data-dir, created on the first start")
 	cfg.DrainTimeout = 30 * time.Second
 	fs.Var(durationValue{&cfg.DrainTimeout}, "drain-timeout", "`duration` a cancel that names none may drain")
 	cfg.AutoAdmit = true
@@ -139,8 +162,9 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.Retention}, "retention", "`duration` the intents and events of a finished (CANCELLED, COMPLETED) run are kept; 0 keeps them forever; the run rows always stay")
 	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
-	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "secret (32 bytes or more) that signs run tokens: POST /v1/runs/{run}/tokens issues them, the proxy accepts them as the password")
-	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token (needs --run-token-secret)")
+	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "`secret` (32 bytes or more) that signs run tokens, the workers' credentials for the proxy and the control API (visible in ps: prefer --run-token-secret-file); default: "+control.RunTokenSecretFile+" in --data-dir, created on the first start. A fleet shares one")
+	fs.StringVar(&cfg.RunTokenSecretFile, "run-token-secret-file", "", "`file` holding the secret that signs run tokens")
+	fs.Var(boolValue{&cfg.RequireRunToken}, "require-run-token", "accept no run identity from clients but a signed run token")
 	fs.StringVar(&cfg.CACert, "ca-cert", "", "the MITM CA's certificate file, for one CA across a fleet (with --ca-key); empty: the CA in --data-dir, created on first start")
 	fs.StringVar(&cfg.CAKey, "ca-key", "", "the MITM CA's key file (mode 0600 or 0400; with --ca-cert)")
 	fs.Var(listValue{&cfg.AllowDest}, "allow-dest", "`HOST|CIDR` the proxy may reach although it is loopback or private (repeatable; comma-separated in STOPGATE_ALLOW_DEST)")
@@ -174,6 +198,13 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 	// source names where each value came from, for the error messages.
 	source := map[string]string{}
 	fs.Visit(func(f *flag.Flag) { source[f.Name] = "--" + f.Name })
+	var onCommandLine []string
+	for _, name := range []string{"control-token", "run-token-secret"} {
+		if source[name] != "" {
+			onCommandLine = append(onCommandLine, "--"+name)
+		}
+	}
+	cfg.SecretsOnCommandLine = strings.Join(onCommandLine, ",")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		if envErr != nil || source[f.Name] != "" {
@@ -279,11 +310,8 @@ func (c *serveConfig) validate(source map[string]string) error {
 	if c.MaxBody <= 0 {
 		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
 	}
-	if c.RunTokenSecret != "" && len(c.RunTokenSecret) < runtoken.MinSecretLen {
-		return bad("run-token-secret", "is %d bytes; want at least %d", len(c.RunTokenSecret), runtoken.MinSecretLen)
-	}
-	if c.RequireRunToken && c.RunTokenSecret == "" {
-		return bad("require-run-token", "needs --run-token-secret (or STOPGATE_RUN_TOKEN_SECRET)")
+	if err := c.readSecrets(source); err != nil {
+		return err
 	}
 	if err := proxy.CheckDestinationRules(c.AllowDest, nil); err != nil {
 		return bad("allow-dest", "%v", err)
@@ -309,6 +337,80 @@ func (c *serveConfig) validate(source map[string]string) error {
 		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {
 			return bad("spool-dir", "%s is not a directory", c.SpoolDir)
 		}
+	}
+	return nil
+}
+
+// Modes of --control-auth.
+const (
+	authToken = "token"
+	authNone  = "none"
+)
+
+// minControlTokenLen is the shortest operator token serve takes: long
+// enough that nobody guesses it over the network.
+const minControlTokenLen = 16
+
+// readSecrets checks the control plane's secrets and reads those given as
+// files, so that a missing or empty file stops the start with its flag
+// named. Secrets not given are created in the data directory at start.
+func (c *serveConfig) readSecrets(source map[string]string) error {
+	bad := func(name, format string, args ...any) error {
+		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+	}
+	switch c.ControlAuth {
+	case authToken:
+	case authNone:
+		for name, v := range map[string]string{"control-token": c.ControlToken, "control-token-file": c.ControlTokenFile, "read-token-file": c.ReadTokenFile} {
+			if v != "" {
+				return bad(name, "is set, and --control-auth is none: give a token, or open the control plane, not both")
+			}
+		}
+	default:
+		return bad("control-auth", "%q: want token or none", c.ControlAuth)
+	}
+	for _, pair := range []struct{ value, file, valueName, fileName string }{
+		{c.ControlToken, c.ControlTokenFile, "control-token", "control-token-file"},
+		{c.RunTokenSecret, c.RunTokenSecretFile, "run-token-secret", "run-token-secret-file"},
+	} {
+		if pair.value != "" && pair.file != "" {
+			return bad(pair.valueName, "and %s are both set; give one", source[pair.fileName])
+		}
+	}
+	for _, f := range []struct {
+		name, path string
+		into       *string
+		intoName   string
+	}{
+		{"control-token-file", c.ControlTokenFile, &c.ControlToken, "control-token"},
+		{"read-token-file", c.ReadTokenFile, nil, ""},
+		{"run-token-secret-file", c.RunTokenSecretFile, &c.RunTokenSecret, "run-token-secret"},
+	} {
+		if f.path == "" {
+			continue
+		}
+		secret, _, err := control.ReadSecretFile(f.path)
+		if err != nil {
+			return bad(f.name, "%v", err)
+		}
+		if f.into != nil {
+			// The checks below name the file the value came from.
+			*f.into, source[f.intoName] = secret, source[f.name]
+		}
+	}
+	if c.ControlToken != "" {
+		if err := control.CheckSecret(c.ControlToken); err != nil {
+			return bad("control-token", "%v", err)
+		}
+		if len(c.ControlToken) < minControlTokenLen {
+			return bad("control-token", "is %d bytes; want at least %d (e.g. openssl rand -hex 32)", len(c.ControlToken), minControlTokenLen)
+		}
+		if runtoken.IsToken(c.ControlToken) {
+			return bad("control-token", "looks like a run token (sg1.…); the operator token must not")
+		}
+	}
+	if c.RunTokenSecret != "" && len(c.RunTokenSecret) < runtoken.MinSecretLen {
+		return bad("run-token-secret", "is %d bytes; want at least %d", len(c.RunTokenSecret), runtoken.MinSecretLen)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 )
@@ -78,6 +79,10 @@ type server struct {
 	t       *testing.T
 	args    []string
 	control string // http://host:port
+	// dataDir is serve's --data-dir, where the CLI finds the operator
+	// token (STOPGATE_DATA_DIR); dir is the directory serve runs in.
+	dataDir string
+	dir     string
 	logPath string
 	env     []string // added to the test's environment
 	cmd     *exec.Cmd
@@ -94,18 +99,39 @@ var allowTestUpstreams = []string{"--allow-dest", "127.0.0.1", "--allow-dest", "
 // allowing the tests' loopback upstreams, and waits until /healthz answers.
 func startServe(t *testing.T, args ...string) *server {
 	t.Helper()
-	return startServeAsShipped(t, append(slices.Clone(allowTestUpstreams), args...)...)
+	return startServeIn(t, "", append(slices.Clone(allowTestUpstreams), args...)...)
 }
 
 // startServeAsShipped is startServe with nothing allowed but what args say.
 func startServeAsShipped(t *testing.T, args ...string) *server {
 	t.Helper()
+	return startServeIn(t, "", args...)
+}
+
+// startServeIn starts serve in directory dir ("": the test's) with args,
+// as given.
+func startServeIn(t *testing.T, dir string, args ...string) *server {
+	t.Helper()
+	return startServeWith(t, dir, nil, args...)
+}
+
+// startServeWith starts serve in dir with env added to its clean
+// environment, and args as given.
+func startServeWith(t *testing.T, dir string, env []string, args ...string) *server {
+	t.Helper()
 	s := &server{
+		dir:     dir,
 		t:       t,
 		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
 		logPath: filepath.Join(t.TempDir(), "serve.log"),
+		env:     env,
 	}
 	s.control = "http://" + s.args[2]
+	for i, a := range s.args[:len(s.args)-1] {
+		if a == "--data-dir" {
+			s.dataDir = s.args[i+1]
+		}
+	}
 	s.start()
 	t.Cleanup(s.kill9)
 	return s
@@ -118,7 +144,7 @@ func (s *server) start() {
 		s.t.Fatal(err)
 	}
 	cmd := exec.Command(binary, s.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr, cmd.Dir = logf, logf, s.dir
 	cmd.Env = append(cleanEnv(), s.env...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start stopgate serve: %v", err)
@@ -189,7 +215,11 @@ func cleanEnv() []string {
 // and output.
 func (s *server) stopgate(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	return runBinary(t, []string{"STOPGATE_CONTROL=" + s.control}, args...)
+	env := []string{"STOPGATE_CONTROL=" + s.control}
+	if s.dataDir != "" {
+		env = append(env, "STOPGATE_DATA_DIR="+s.dataDir)
+	}
+	return runBinary(t, env, args...)
 }
 
 func runBinary(t *testing.T, env []string, args ...string) (int, string, string) {
@@ -213,6 +243,17 @@ func runBinary(t *testing.T, env []string, args ...string) (int, string, string)
 }
 
 // must runs a command line that must exit with code, and returns stdout.
+// operatorToken is the operator token serve wrote into its data directory,
+// for a test that calls the control API without the CLI.
+func (s *server) operatorToken(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.dataDir, control.OperatorTokenFile))
+	if err != nil {
+		t.Fatalf("the operator token of serve (--data-dir %q): %v", s.dataDir, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
 func (s *server) must(t *testing.T, code int, args ...string) string {
 	t.Helper()
 	got, out, errOut := s.stopgate(t, args...)

@@ -87,7 +87,7 @@ func (c *cli) execFlags() (*flag.FlagSet, *execOpts) {
 	fs.BoolVar(&o.isolate, "isolate", false, "run CMD as --uid with the kernel redirect, so that every TCP connection it opens is guarded (root)")
 	fs.Int64Var(&o.uid, "uid", DefaultIsolateUID, "with --isolate: the user CMD runs as; nothing else may run as it")
 	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default $STOPGATE_TOKEN)")
+	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
 	return fs, o
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,16 +19,7 @@ import (
 // startServeEnv is startServe with extra environment for the serve process.
 func startServeEnv(t *testing.T, env []string, args ...string) *server {
 	t.Helper()
-	s := &server{
-		t:       t,
-		args:    append(append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, allowTestUpstreams...), args...),
-		logPath: filepath.Join(t.TempDir(), "serve.log"),
-		env:     env,
-	}
-	s.control = "http://" + s.args[2]
-	s.start()
-	t.Cleanup(s.kill9)
-	return s
+	return startServeWith(t, "", env, append(slices.Clone(allowTestUpstreams), args...)...)
 }
 
 func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
@@ -50,7 +43,13 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	}
 
 	// The variables every common runtime reads, in both cases; no exception list.
-	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_TOKEN=operator-secret", "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
+	// The operator's own token, in the variable the CLI reads it from: it
+	// must never reach the command.
+	token, err := os.ReadFile(filepath.Join(s.dataDir, control.OperatorTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_CONTROL_TOKEN=" + strings.TrimSpace(string(token)), "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
 		"exec", "--run", "env-run", "--", "env")
 	vars := map[string]string{}
 	for _, line := range strings.Split(env, "\n") {
@@ -72,7 +71,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	if vars["NODE_USE_ENV_PROXY"] != "1" {
 		t.Errorf("NODE_USE_ENV_PROXY=%q", vars["NODE_USE_ENV_PROXY"])
 	}
-	for _, k := range []string{"NO_PROXY", "no_proxy", "STOPGATE_TOKEN", "STOPGATE_CONTROL"} {
+	for _, k := range []string{"NO_PROXY", "no_proxy", "STOPGATE_CONTROL_TOKEN", "STOPGATE_CONTROL"} {
 		if v, ok := vars[k]; ok {
 			t.Errorf("%s=%q reaches the command", k, v)
 		}
@@ -97,13 +96,13 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
 	transparent := freeAddr(t)
 	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", transparent)
-	cl, err := client.New(s.control, client.Options{})
+	cl, err := client.New(s.control, client.Options{Token: s.operatorToken(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	ep, err := cl.Endpoints(ctx)
-	if err != nil || ep.Value.Transparent != transparent || ep.Value.Proxy != s.proxyAddr() || ep.Value.RunTokens != control.RunTokensOff {
+	if err != nil || ep.Value.Transparent != transparent || ep.Value.Proxy != s.proxyAddr() || ep.Value.RunTokens != control.RunTokensAccepted {
 		t.Fatalf("endpoints: %+v %v", ep.Value, err)
 	}
 	uid := int64(61040)

@@ -12,10 +12,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/control/client"
 )
 
 const execUsage = `Usage: stopgate exec --run RUN [--version N] [--isolate] [--uid UID] -- CMD [ARGS...]
@@ -70,6 +74,9 @@ type cli struct {
 	// long it waits past the drain deadline for the sweeper.
 	pollEvery time.Duration
 	waitSlack time.Duration
+	// tokenFrom says where the client verb's bearer token came from
+	// (empty: none was found), for the hint on a 401.
+	tokenFrom string
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) string) *cli {
@@ -126,8 +133,25 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		return ee.code
 	default:
 		fmt.Fprintf(c.stderr, "stopgate %s: %v\n", verb, err)
+		if hint := c.authHint(err); hint != "" {
+			fmt.Fprintf(c.stderr, "%s\n", hint)
+		}
 		return exitError
 	}
+}
+
+// authHint says, after a 401, which token was sent and where the right one
+// is, since "unauthorized" alone does not tell an operator what to fix.
+func (c *cli) authHint(err error) string {
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusUnauthorized {
+		return ""
+	}
+	if c.tokenFrom == "" {
+		return "No token was sent: none was given (--token, --token-file, $STOPGATE_CONTROL_TOKEN) and none was found in " + defaultDataDir + "/" + control.OperatorTokenFile +
+			". Run the CLI where stopgate serve keeps its data, or set --data-dir / $STOPGATE_DATA_DIR to serve's --data-dir."
+	}
+	return "The token from " + c.tokenFrom + " was refused: is it this server's? (its operator token is " + control.OperatorTokenFile + " in its --data-dir)"
 }
 
 func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
@@ -227,22 +251,24 @@ Usage:
   stopgate retry RUN STEP ATTEMPT --at TIME [--version N]
                                                schedule a retry; a cancel revokes it
   stopgate browser --run RUN [--version N]     start RUN's guarded headless browser in serve; print its ws:// URL
-  stopgate token RUN [--ttl D]                 print a signed run token: the proxy password RUN:TOKEN
+  stopgate token RUN [--ttl D]                 print a run token: RUN's worker's credential (proxy password, API bearer)
   stopgate exec --run RUN [--isolate] [--uid UID] -- CMD [ARGS...]
                                                run an unmodified agent behind the guard
   stopgate redirect install|remove --uid UID [--port P]
                                                send every TCP connection of UID to the transparent listener
   stopgate help [VERB]                         this text, or a verb's flags
 
-Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL)
-with --token (or $STOPGATE_TOKEN). Flags may come before or after RUN.
+Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL) with a
+bearer token: --token, --token-file, $STOPGATE_CONTROL_TOKEN, else the operator token serve
+wrote on its first start into its data directory (--data-dir, $STOPGATE_DATA_DIR, or
+./stopgate-data when --control is on this machine). Flags may come before or after RUN.
 Exit status: 0 ok, 1 error, 2 usage, 3 cancel --wait ended UNKNOWN.
 `
 
 func verbUsage(verb string) (string, bool) {
 	switch verb {
 	case "serve":
-		return "Usage: stopgate serve [flags]\n\nServes the control API on --control-addr over the store (--store, or the embedded\nstore in --data-dir). Every flag can also be set as STOPGATE_<FLAG> (e.g.\nSTOPGATE_CONTROL_ADDR); a flag on the command line wins.\n", true
+		return "Usage: stopgate serve [flags]\n\nServes the egress proxy on --proxy-addr, the browser guard on --browser-addr and the control\nAPI on --control-addr over the store (--store, or the embedded store in --data-dir). Every flag\ncan also be set as STOPGATE_<FLAG> (e.g. STOPGATE_CONTROL_ADDR); a flag on the command line wins.\n\nThe control API needs a bearer token. On the first start serve writes into --data-dir the\noperator token (" + control.OperatorTokenFile + "), a read-only token (" + control.ReadTokenFile + ") and the secret that signs\nrun tokens (" + control.RunTokenSecretFile + "), each 0600 and never overwritten, unless they are given\n(--control-token-file, --read-token-file, --run-token-secret-file). --control-auth=none opens\nthe control API to whoever reaches it.\n", true
 	case "admit":
 		return "Usage: stopgate admit RUN [--json]\n\nCreates RUN ACTIVE at cancel_version 1; an ACTIVE run is left as it is.\nA run that was cancelled or completed is refused (exit 1).\n", true
 	case "cancel":
@@ -256,7 +282,7 @@ func verbUsage(verb string) (string, bool) {
 	case "audit":
 		return "Usage: stopgate audit RUN [--json]\n\nShows every intent (effect) of RUN and every transition of its audit log.\n", true
 	case "resolve":
-		return "Usage: stopgate resolve RUN KEY --applied|--not-applied [--note N] [--source S] [--json]\n\nRecords what you found out about an UNKNOWN effect of RUN (its intent KEY, as listed by\n'stopgate audit RUN' or 'stopgate cancel RUN --wait'): it happened (--applied) or it\ndid not (--not-applied). Once every UNKNOWN effect of a cancelled run is resolved, the\nrun becomes CANCELLED. The note, source and you (cli:$USER) go to the audit log.\n", true
+		return "Usage: stopgate resolve RUN KEY --applied|--not-applied [--note N] [--source S] [--json]\n\nRecords what you found out about an UNKNOWN effect of RUN (its intent KEY, as listed by\n'stopgate audit RUN' or 'stopgate cancel RUN --wait'): it happened (--applied) or it\ndid not (--not-applied). Once every UNKNOWN effect of a cancelled run is resolved, the\nrun becomes CANCELLED. The note, the source and who you are (operator (cli:$USER): the scope\nyour token proves, and the name you give) go to the audit log.\n", true
 	case "ca":
 		return "Usage: stopgate ca\n\nPrints the egress proxy's MITM CA certificate (PEM) exactly as served, and nothing\nelse: stopgate ca > ca.pem, then make workers trust ca.pem.\n", true
 	case "claim":
@@ -266,7 +292,7 @@ func verbUsage(verb string) (string, bool) {
 	case "browser":
 		return "Usage: stopgate browser --run RUN [--version N] [--json]\n\nAsks stopgate serve to start RUN's guarded headless Chromium (or finds the one it has) and\nprints the websocket URL to connect a CDP client to (Puppeteer, Playwright, chromedp)\nalone on the first line, then returns: the browser lives in stopgate serve until RUN is over\n(CANCELLED, COMPLETED or UNKNOWN) and serve's --browser-linger has passed, or serve stops.\nAsked again while it runs, it prints the same URL (recorded as an attach). Every action the\nclient sends is checked against cancel_version N and recorded; after a cancel it is refused.\n", true
 	case "token":
-		return "Usage: stopgate token RUN [--ttl D] [--json]\n\nPrints a signed run token for RUN at its current cancel_version, alone on one line, good for\nD (default 24h): the proxy password of RUN's worker (HTTPS_PROXY=http://RUN:TOKEN@host:port)\nor its X-Run-Token header. Needs serve's --run-token-secret; refused (exit 1) unless RUN is ACTIVE.\n", true
+		return "Usage: stopgate token RUN [--ttl D] [--json]\n\nPrints a signed run token for RUN at its current cancel_version, alone on one line, good for\nD (default 24h): the one credential of RUN's worker. It is the worker's proxy password\n(HTTPS_PROXY=http://RUN:TOKEN@host:port) or X-Run-Token header, and its bearer token on the\ncontrol API, where it may claim, schedule retries, guard effects and report outcomes for RUN\nonly, and never cancel, complete, resolve, admit or mint. Needs the operator token; refused\n(exit 1) unless RUN is ACTIVE.\n", true
 	case "exec":
 		return execUsage, true
 	case "redirect":

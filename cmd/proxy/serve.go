@@ -23,7 +23,6 @@ import (
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
-	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
@@ -132,10 +131,11 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := runTokens(cfg)
+	secrets, err := loadControlSecrets(cfg, log)
 	if err != nil {
 		return nil, err
 	}
+	tokens := secrets.signer
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -181,7 +181,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	if err == nil {
 		inst.api, err = control.New(control.Options{
-			Store: store, Token: cfg.ControlToken, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
+			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
 			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
 			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
@@ -303,17 +303,6 @@ func loadCA(cfg serveConfig) (*proxy.CA, error) {
 	return ca, nil
 }
 
-func runTokens(cfg serveConfig) (*runtoken.Signer, error) {
-	if cfg.RunTokenSecret == "" {
-		return nil, nil
-	}
-	tokens, err := runtoken.New([]byte(cfg.RunTokenSecret))
-	if err != nil {
-		return nil, usagef("serve", "--run-token-secret: %v", err)
-	}
-	return tokens, nil
-}
-
 // browserLauncher adapts the launcher to the control API's endpoint.
 func browserLauncher(l *browserguard.Launcher) control.BrowserLauncher {
 	return func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
@@ -425,9 +414,9 @@ func (inst *instance) logStart() {
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
-	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlToken != "", "drain_timeout", cfg.DrainTimeout, "store", inst.store.Kind)
-	if cfg.ControlToken == "" && !isLoopback(lns.control.Addr()) {
-		log.Warn("the control API listens beyond loopback without a token: anyone who reaches it can cancel and complete runs; set --control-token", "addr", lns.control.Addr().String())
+	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlAuth, "drain_timeout", cfg.DrainTimeout, "store", inst.store.Kind)
+	if cfg.ControlAuth == authNone {
+		warnOpen(log, lns.control.Addr().String(), isLoopback(lns.control.Addr()))
 	}
 }
 

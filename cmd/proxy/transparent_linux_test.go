@@ -141,7 +141,7 @@ type background struct {
 func startExec(t *testing.T, s *server, args ...string) *background {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(cleanEnv(), "STOPGATE_CONTROL="+s.control)
+	cmd.Env = append(cleanEnv(), "STOPGATE_CONTROL="+s.control, "STOPGATE_DATA_DIR="+s.dataDir)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {

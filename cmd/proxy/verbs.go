@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -21,14 +26,16 @@ const DefaultControlURL = "http://127.0.0.1:8081"
 // verbOpts holds the flags of every client verb; each verb defines the
 // ones it takes.
 type verbOpts struct {
-	control string
-	token   string
-	json    bool
-	reason  string
-	drain   *time.Duration
-	wait    bool
-	version int64
-	status  string
+	control   string
+	token     string
+	tokenFile string
+	dataDir   string
+	json      bool
+	reason    string
+	drain     *time.Duration
+	wait      bool
+	version   int64
+	status    string
 	// resolve
 	applied, notApplied bool
 	note, source        string
@@ -50,7 +57,9 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 	// Defaults come from the environment after parsing, so -h never
 	// prints a token.
 	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default $STOPGATE_TOKEN)")
+	fs.StringVar(&o.token, "token", "", "bearer `token` for the control API (visible in ps: prefer $STOPGATE_CONTROL_TOKEN or --token-file); default: see --data-dir")
+	fs.StringVar(&o.tokenFile, "token-file", "", "`file` holding the bearer token (default $STOPGATE_CONTROL_TOKEN_FILE)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "serve's data `directory`, where the operator token is read when no token is given (default $STOPGATE_DATA_DIR, else "+defaultDataDir+" when --control is on this machine)")
 	if verb != "ca" { // ca prints the PEM, nothing else
 		fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
 	}
@@ -157,14 +166,88 @@ func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Cl
 	if o.control == "" {
 		o.control = DefaultControlURL
 	}
-	if o.token == "" {
-		o.token = c.getenv("STOPGATE_TOKEN")
+	token, from, err := c.findToken(o)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	cl, err := client.New(o.control, client.Options{Token: o.token, Actor: c.actor()})
+	c.tokenFrom = from
+	cl, err := client.New(o.control, client.Options{Token: token, Actor: c.actor()})
 	if err != nil {
 		return nil, nil, nil, usagef(verb, "--control (or STOPGATE_CONTROL): %v", err)
 	}
 	return cl, o, pos, nil
+}
+
+// defaultDataDir is serve's default --data-dir.
+const defaultDataDir = "./stopgate-data"
+
+// findToken finds the bearer token, first found wins: --token,
+// --token-file, $STOPGATE_CONTROL_TOKEN, $STOPGATE_CONTROL_TOKEN_FILE,
+// $STOPGATE_TOKEN (the name of older releases), then the operator token
+// serve wrote into its data directory (--data-dir, $STOPGATE_DATA_DIR, or
+// ./stopgate-data). The default directory is read only when --control is
+// on this machine, so that a local token is never sent to another host
+// unless asked. from says where the token came from, for the messages.
+func (c *cli) findToken(o *verbOpts) (token, from string, err error) {
+	if o.token != "" {
+		return o.token, "--token", nil
+	}
+	readFile := func(path, name string) (string, string, error) {
+		t, _, err := control.ReadSecretFile(path)
+		if err != nil {
+			return "", "", usagef("", "%s: %v", name, err)
+		}
+		return t, name + " " + path, nil
+	}
+	if o.tokenFile != "" {
+		return readFile(o.tokenFile, "--token-file")
+	}
+	for _, name := range []string{"STOPGATE_CONTROL_TOKEN", "STOPGATE_TOKEN"} {
+		if t := c.getenv(name); t != "" {
+			return t, "$" + name, nil
+		}
+		if name == "STOPGATE_CONTROL_TOKEN" {
+			if p := c.getenv("STOPGATE_CONTROL_TOKEN_FILE"); p != "" {
+				return readFile(p, "$STOPGATE_CONTROL_TOKEN_FILE")
+			}
+		}
+	}
+	dir, explicit := o.dataDir, true
+	if dir == "" {
+		dir = c.getenv("STOPGATE_DATA_DIR")
+	}
+	if dir == "" {
+		dir, explicit = defaultDataDir, false
+		if !localURL(o.control) {
+			return "", "", nil
+		}
+	}
+	path := filepath.Join(dir, control.OperatorTokenFile)
+	t, _, err := control.ReadSecretFile(path)
+	switch {
+	case err == nil:
+		return t, path, nil
+	case errors.Is(err, fs.ErrNotExist) && !explicit:
+		// No token here: the server's 401 says what to do.
+		return "", "", nil
+	case errors.Is(err, fs.ErrPermission):
+		return "", "", fmt.Errorf("the operator token %s: %w (run as the user that runs stopgate serve, or pass STOPGATE_CONTROL_TOKEN)", path, err)
+	}
+	return "", "", fmt.Errorf("the operator token: %w", err)
+}
+
+// localURL reports whether the control URL names this machine.
+func localURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // actor names the operator in the audit log: cli:$USER.

@@ -25,13 +25,13 @@ func TestBoundaryCalls(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	pem := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-	h, err := control.New(control.Options{Store: store, CACertPEM: pem})
+	h, err := control.New(control.Options{Store: store, Token: operatorToken, CACertPEM: pem})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	c, err := client.New(srv.URL, client.Options{Actor: "cli:test"})
+	c, err := client.New(srv.URL, client.Options{Token: operatorToken, Actor: "cli:test"})
 	if err != nil {
 		t.Fatal(err)
 	}

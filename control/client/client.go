@@ -32,10 +32,12 @@ const maxReplyBytes = 64 << 20
 
 // Options configure a Client.
 type Options struct {
-	// Token is sent as Authorization: Bearer when set.
+	// Token is sent as Authorization: Bearer when set: the operator's,
+	// the read-only one, or a worker's run token.
 	Token string
-	// Actor is sent as X-Stopgate-Actor, for the audit log; empty lets the
-	// server record "api".
+	// Actor is sent as X-Stopgate-Actor: with the operator token the audit
+	// log records it beside the token's scope ("operator (cli:alice)");
+	// with another token the server ignores it.
 	Actor string
 	// HTTPClient carries the calls; nil uses one with DefaultTimeout.
 	HTTPClient *http.Client

@@ -19,6 +19,9 @@ import (
 	"github.com/stopgate/stopgate/state/filestore"
 )
 
+// operatorToken is the operator token of the API these tests serve.
+const operatorToken = "sgop_client-test"
+
 // api serves the real control API on the embedded store, under prefix (as
 // behind a reverse proxy) when prefix is not empty.
 func api(t *testing.T, prefix string) string {
@@ -28,7 +31,7 @@ func api(t *testing.T, prefix string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	h, err := control.New(control.Options{Store: store, DrainTimeout: time.Minute})
+	h, err := control.New(control.Options{Store: store, Token: operatorToken, DrainTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +46,7 @@ func api(t *testing.T, prefix string) string {
 
 func TestCalls(t *testing.T) {
 	ctx := context.Background()
-	c, err := client.New(api(t, "/stopgate")+"/", client.Options{Actor: "cli:test"})
+	c, err := client.New(api(t, "/stopgate")+"/", client.Options{Token: operatorToken, Actor: "cli:test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +72,7 @@ func TestCalls(t *testing.T) {
 		t.Fatalf("admit after cancel: %#v", err)
 	}
 	ev, err := c.Events(ctx, "r1")
-	if err != nil || len(ev.Value.Events) != 2 || ev.Value.Events[1].Actor != "cli:test" {
+	if err != nil || len(ev.Value.Events) != 2 || ev.Value.Events[1].Actor != "operator (cli:test)" {
 		t.Fatalf("events: %+v %v", ev.Value, err)
 	}
 	runs, err := c.Runs(ctx, state.StatusCancelling)
