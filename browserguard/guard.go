@@ -41,6 +41,7 @@ import (
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // Defaults for Config fields left zero.
@@ -71,7 +72,10 @@ type Config struct {
 	MaxMessage int64
 	// StoreTimeout bounds the read at connect (state.DefaultTimeout when zero).
 	StoreTimeout time.Duration
-	Logger       *slog.Logger
+	// Telemetry receives every action's decision and counts the open CDP
+	// connections; nil counts privately and logs nothing.
+	Telemetry *telemetry.Telemetry
+	Logger    *slog.Logger
 }
 
 // Guard is the CDP proxy; it is an http.Handler.
@@ -96,6 +100,9 @@ func New(cfg Config) (*Guard, error) {
 	}
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = state.DefaultTimeout
+	}
+	if cfg.Telemetry == nil {
+		cfg.Telemetry = telemetry.New(telemetry.Options{})
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -337,6 +344,7 @@ func (g *Guard) add(s *session) bool {
 	}
 	g.sessions[s.run][s] = struct{}{}
 	g.open.Add(1)
+	g.cfg.Telemetry.Metrics().Open.WithLabelValues("cdp").Inc()
 	return true
 }
 
@@ -348,6 +356,7 @@ func (g *Guard) remove(s *session) {
 	}
 	g.mu.Unlock()
 	g.open.Done()
+	g.cfg.Telemetry.Metrics().Open.WithLabelValues("cdp").Dec()
 }
 
 // Holds reports whether run has CDP connections open: the guard is a

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/intents"
@@ -20,6 +21,7 @@ import (
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // upstream is a site on loopback; hits counts the page loads reaching it
@@ -66,6 +68,8 @@ type env struct {
 	guardHost string
 	// profiles is where the launched browsers' profiles are.
 	profiles string
+	// metrics is the registry the launcher and the guard count in.
+	metrics *prometheus.Registry
 }
 
 // newEnv wires an env; opts change the launcher's configuration (by
@@ -73,6 +77,8 @@ type env struct {
 func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.LauncherConfig)) *env {
 	t.Helper()
 	log := testkit.Logger()
+	reg := prometheus.NewRegistry()
+	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log})
 	// The machine is shared: a second for a store step fails closed on a
 	// loaded one, and these tests test other things.
 	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: 5 * time.Second, Logger: log})
@@ -88,7 +94,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 	}
 	lcfg := browserguard.LauncherConfig{
 		Chromium: testkit.Chromium(t), Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
-		AutoAdmit: true, TempDir: t.TempDir(), Logger: log,
+		AutoAdmit: true, TempDir: t.TempDir(), Logger: log, Telemetry: tel,
 		// The machine is shared: a start may wait for the CPU.
 		StartTimeout: time.Minute,
 	}
@@ -101,7 +107,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 	}
 	guard, err := browserguard.New(browserguard.Config{
 		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: true,
-		StoreTimeout: 5 * time.Second, Logger: log,
+		StoreTimeout: 5 * time.Second, Logger: log, Telemetry: tel,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +130,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 		_ = srv.Close()
 		cancel()
 	})
-	return &env{store: store, ledger: ledger, guard: guard, launcher: launcher, guardHost: ln.Addr().String(), profiles: lcfg.TempDir}
+	return &env{store: store, ledger: ledger, guard: guard, launcher: launcher, guardHost: ln.Addr().String(), profiles: lcfg.TempDir, metrics: reg}
 }
 
 // launch starts the run's browser and returns its guarded websocket URL.

@@ -22,6 +22,7 @@ import (
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // DefaultChromium is where Debian's chromium package puts the browser.
@@ -83,6 +84,8 @@ type LauncherConfig struct {
 	// included; a launch past it is refused (ErrBrowserLimit). 0: no cap.
 	MaxBrowsers int
 	Logger      *slog.Logger
+	// Telemetry counts the browsers running; nil counts privately.
+	Telemetry *telemetry.Telemetry
 }
 
 // Launcher starts one guarded headless Chromium per run and stops it when
@@ -143,6 +146,9 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
+	}
+	if cfg.Telemetry == nil {
+		cfg.Telemetry = telemetry.New(telemetry.Options{})
 	}
 	l := &Launcher{cfg: cfg, log: cfg.Logger, guardHost: net.JoinHostPort(host, port), browsers: map[string]*browser{}}
 	l.removeStaleProfiles()
@@ -220,6 +226,7 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 		return Launched{Guard: res}, errors.New("launch a browser: stopgate is shutting down")
 	}
 	l.browsers[run] = b
+	l.cfg.Telemetry.Metrics().Open.WithLabelValues("browsers").Inc()
 	l.stopping.Add(1)
 	l.mu.Unlock()
 	go l.reap(b)
@@ -456,6 +463,7 @@ func (l *Launcher) reap(b *browser) {
 	l.mu.Lock()
 	if l.browsers[b.run] == b {
 		delete(l.browsers, b.run)
+		l.cfg.Telemetry.Metrics().Open.WithLabelValues("browsers").Dec()
 	}
 	l.mu.Unlock()
 	l.stop(b, websocket.StatusInternalError, "stopgate: the browser exited", "exited")

@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/internal/testkit"
@@ -355,4 +356,73 @@ func listeningInodes(t *testing.T) map[string]int {
 		f.Close()
 	}
 	return out
+}
+
+// TestBrowserMetricsMove: a browser and its CDP connection are counted
+// open while they are, and each action's decision moves the decision and
+// refusal counters (docs/metrics.md).
+func TestBrowserMetricsMove(t *testing.T) {
+	store := testkit.FileStore(t)
+	e := newEnv(t, store)
+	gauge := func(kind string) float64 {
+		return metric(t, e.metrics, "stopgate_open", map[string]string{"kind": kind})
+	}
+	ws := e.launch(t, "metered")
+	c := dialCDP(t, ws)
+	if gauge("browsers") != 1 || gauge("cdp") != 1 {
+		t.Fatalf("open browsers %v, cdp %v; want 1 and 1", gauge("browsers"), gauge("cdp"))
+	}
+	if a := c.call("", "Target.createTarget", map[string]any{"url": "about:blank"}); a.Error != nil {
+		t.Fatalf("an action while ACTIVE: %+v", a.Error)
+	}
+	release := holdCancelling(t, store, "metered")
+	defer release()
+	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "metered", Actor: "test", DrainTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if a := c.call("", "Target.createTarget", map[string]any{"url": "about:blank"}); a.Error == nil {
+		t.Fatal("an action after the cancel was not refused")
+	}
+	for _, want := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"stopgate_decisions_total", map[string]string{"boundary": "browser", "result": "admitted"}},
+		{"stopgate_decisions_total", map[string]string{"boundary": "browser", "result": "finished"}},
+		{"stopgate_decisions_total", map[string]string{"boundary": "browser", "result": "refused"}},
+		{"stopgate_refusals_total", map[string]string{"boundary": "browser", "reason": "run_not_active"}},
+	} {
+		if v := metric(t, e.metrics, want.name, want.labels); v < 1 {
+			t.Errorf("%s%v = %v, want it moved", want.name, want.labels, v)
+		}
+	}
+	_ = c.conn.CloseNow()
+	testkit.Eventually(t, 5*time.Second, "the CDP connection counted closed", func() bool { return gauge("cdp") == 0 })
+}
+
+// metric is the value of the series of name with exactly labels (0 if none).
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }

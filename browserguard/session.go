@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // session is one client's CDP connection and its session on the
@@ -189,16 +192,25 @@ func (s *session) handle(data []byte) {
 	}
 	// The guard's answer is learned even if the client goes meanwhile: an
 	// admission nobody heard of would sit IN_FLIGHT until its lease expires.
+	started := time.Now()
 	res, err := s.g.cfg.Ledger.Begin(context.WithoutCancel(s.ctx), greq)
+	d := telemetry.Decision{Boundary: state.BoundaryBrowser, Run: s.run, Version: s.version, Method: c.Method,
+		Host: hostOf(recorded), Store: time.Since(started), Via: "cdp"}
 	if err == nil && !res.Admitted {
 		err = refusal.FromGuard(greq, res)
 	}
 	if err != nil {
 		rf := refusal.FromError(err)
-		s.log.Info("action refused", "method", c.Method, "refusal", rf.Code, "intent", rf.Intent, "message", rf.Message)
+		d.Result, d.Reason, d.Intent, d.Recorded = telemetry.Refused, string(rf.Code), rf.Intent, rf.Recorded
+		if rf.Code == refusal.StoreUnavailable || rf.Code == refusal.Internal {
+			d.Detail = rf.Message
+		}
+		s.g.cfg.Telemetry.Decided(s.ctx, d)
 		s.answer(refusalFrame(c, rf.CDPMessage(c.Method), rf.CDPData()))
 		return
 	}
+	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
+	s.g.cfg.Telemetry.Decided(s.ctx, d)
 	if s.ended.Load() {
 		s.finish(res.Intent, state.IntentNotSent, "the CDP connection closed before the command was forwarded")
 		return
@@ -295,7 +307,10 @@ func (s *session) abandon(reason string) {
 }
 
 func (s *session) finish(in state.Intent, outcome state.IntentState, reason string) {
+	started := time.Now()
 	_, err := s.g.cfg.Ledger.Finish(context.WithoutCancel(s.ctx), state.FinishRequest{RunID: in.RunID, Key: in.Key, Attempt: in.Attempts, Outcome: outcome, Reason: state.Clip(reason, state.MaxTextLen)})
+	s.g.cfg.Telemetry.Decided(s.ctx, telemetry.Decision{Boundary: state.BoundaryBrowser, Result: telemetry.Finished, Run: s.run,
+		Version: s.version, Method: in.Method, Intent: in.Key, Recorded: outcome, Store: time.Since(started), Via: "cdp"})
 	if err == nil {
 		return
 	}
@@ -307,4 +322,14 @@ func (s *session) finish(in state.Intent, outcome state.IntentState, reason stri
 		return
 	}
 	s.log.Warn("action outcome not recorded; its lease expires into UNKNOWN", "intent", in.Key, "outcome", outcome, "err", err)
+}
+
+// hostOf is the host of a recorded target, for the decision line; "" when
+// the target is not a URL (a script, a key press).
+func hostOf(target string) string {
+	u, err := url.Parse(target)
+	if err != nil {
+		return ""
+	}
+	return u.Host
 }

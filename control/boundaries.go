@@ -11,6 +11,7 @@ import (
 
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // The boundaries that do not travel through the egress proxy: queue claims,
@@ -260,17 +261,24 @@ func (h *Handler) guard(r *http.Request, req state.GuardRequest) (int, any, erro
 	if err := req.Validate(); err != nil {
 		return 0, nil, err
 	}
+	started := time.Now()
 	res, err := h.store.Guard(r.Context(), req)
+	d := telemetry.Decision{Boundary: req.Boundary, Run: req.RunID, Version: req.ObservedVersion, Method: req.Method,
+		Intent: req.Key, Store: time.Since(started), Via: req.Actor}
+	if err == nil && !res.Admitted {
+		err = refusal.FromGuard(req, res)
+	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("guard %s %s of run %s: %w", req.Boundary, req.Key, req.RunID, err)
+		rf := refusal.FromError(err)
+		d.Result, d.Reason, d.Recorded = telemetry.Refused, string(rf.Code), rf.Recorded
+		h.tel.Decided(r.Context(), d)
+		if rf.Code != refusal.RunNotActive && rf.Code != refusal.StaleVersion && rf.Code != refusal.IntentInProgress && rf.Code != refusal.KeyReused && rf.Code != refusal.RunNotAdmitted {
+			return 0, nil, fmt.Errorf("guard %s %s of run %s: %w", req.Boundary, req.Key, req.RunID, err)
+		}
+		return 0, nil, rf
 	}
-	if !res.Admitted {
-		h.log.Info("effect refused", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "refusal", res.Refusal,
-			"status", res.Run.Status, "cancel_version", res.Run.CancelVersion, "observed_version", req.ObservedVersion, "actor", req.Actor)
-		return 0, nil, refusal.FromGuard(req, res)
-	}
-	h.log.Debug("effect admitted", "run", req.RunID, "boundary", req.Boundary, "key", req.Key, "state", res.Intent.State,
-		"attempt", res.Intent.Attempts, "actor", req.Actor)
+	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
+	h.tel.Decided(r.Context(), d)
 	return http.StatusCreated, GuardResponse{Admitted: true, Intent: res.Intent, Run: normRun(res.Run)}, nil
 }
 
@@ -383,10 +391,12 @@ func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) 
 	if err := req.Validate(); err != nil {
 		return 0, nil, err
 	}
+	started := time.Now()
 	in, err := h.store.Finish(r.Context(), req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("record %s of intent %s of run %s: %w", outcome, key, id, err)
 	}
-	h.log.Debug("effect outcome", "run", id, "key", key, "state", in.State, "attempt", attempt, "actor", actor)
+	h.tel.Decided(r.Context(), telemetry.Decision{Boundary: in.Boundary, Result: telemetry.Finished, Run: id, Method: in.Method,
+		Intent: key, Recorded: in.State, StatusCode: in.StatusCode, Store: time.Since(started), Via: actor})
 	return http.StatusOK, in, nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/telemetry"
 )
 
 // Defaults for Options left zero.
@@ -70,6 +71,10 @@ type Options struct {
 	// Logger receives panics, store failures and, at debug level, every
 	// request. Nil discards.
 	Logger *slog.Logger
+	// Telemetry receives the decision of every boundary this API guards
+	// (claims, retries, intents) and of every outcome reported; nil counts
+	// privately and logs nothing.
+	Telemetry *telemetry.Telemetry
 	// CACertPEM is the egress proxy's MITM CA certificate, served at
 	// /v1/ca for workers to trust; nil answers 404.
 	CACertPEM []byte
@@ -105,6 +110,7 @@ type Handler struct {
 	drain        time.Duration
 	storeTimeout time.Duration
 	log          *slog.Logger
+	tel          *telemetry.Telemetry
 	metrics      http.Handler
 	mux          *http.ServeMux
 	console      console
@@ -134,6 +140,7 @@ func New(opts Options) (*Handler, error) {
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
 		log:          opts.Logger,
+		tel:          opts.Telemetry,
 		metrics:      opts.Metrics,
 		mux:          http.NewServeMux(),
 	}
@@ -142,6 +149,9 @@ func New(opts Options) (*Handler, error) {
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.tel == nil {
+		h.tel = telemetry.New(telemetry.Options{})
 	}
 	h.routes()
 	if err := h.newConsole(opts.Token); err != nil {

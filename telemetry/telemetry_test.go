@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
 )
@@ -64,4 +65,55 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no single series %s", name)
 	return 0
+}
+
+// TestTheStoreIsMeasuredByOperation: every call through the measure is
+// timed under its operation, and only a store that failed counts as an
+// error — a refusal or a missing run is an answer.
+func TestTheStoreIsMeasuredByOperation(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tel := telemetry.New(telemetry.Options{Registry: reg, Store: "file"})
+	raw := testkit.FileStore(t)
+	s := tel.Store(raw)
+	ctx := context.Background()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "m", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Guard(ctx, state.GuardRequest{RunID: "m", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "nobody"); err == nil {
+		t.Fatal("a missing run was found")
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Guard(ctx, state.GuardRequest{RunID: "m", Key: "k2", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseTTL: time.Minute}); err == nil {
+		t.Fatal("a guard on a closed store succeeded")
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls, errs := map[string]uint64{}, map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch f.GetName() {
+			case "stopgate_store_seconds":
+				calls[labels["op"]] = m.GetHistogram().GetSampleCount()
+			case "stopgate_store_errors_total":
+				errs[labels["op"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if calls["admit"] != 1 || calls["guard"] != 2 || calls["get"] != 1 {
+		t.Errorf("calls timed %v, want admit 1, guard 2, get 1", calls)
+	}
+	if errs["guard"] != 1 || errs["get"] != 0 || errs["admit"] != 0 {
+		t.Errorf("errors counted %v, want the one guard on the closed store only", errs)
+	}
 }

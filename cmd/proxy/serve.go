@@ -167,13 +167,13 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
 			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
-			Logger: log.With("component", "launcher"),
+			Logger: log.With("component", "launcher"), Telemetry: inst.tel,
 		})
 	}
 	if err == nil {
 		inst.guard, err = browserguard.New(browserguard.Config{
 			Store: store, Ledger: inst.ledger, Watcher: inst.watcher, Browsers: inst.launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
-			StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"),
+			StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"), Telemetry: inst.tel,
 		})
 	}
 	if err == nil {
@@ -181,7 +181,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	if err == nil {
 		inst.api, err = control.New(control.Options{
-			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"),
+			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
 			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
 			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
