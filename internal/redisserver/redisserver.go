@@ -1,8 +1,10 @@
-// Package redisserver starts a real redis-server: for tests (Start: on a free
-// loopback port, in a temporary directory, with kill -9, stop and restart on
-// the same data) and for programs such as the benchmark instrument (Launch).
-// It never mocks Redis and never skips: a missing redis-server fails the
-// test with how to install it.
+// Package redisserver starts real Redis deployments: for tests (Start: one
+// redis-server on a free loopback port, in a temporary directory, with kill
+// -9, stop and restart on the same data; StartCluster: a Redis Cluster of
+// several masters; StartReplica and StartSentinel: a replica and a Sentinel
+// that fails its master over) and for programs such as the benchmark
+// instrument (Launch). It never mocks Redis and never skips: a missing
+// redis-server or redis-cli fails the test with how to install it.
 package redisserver
 
 import (
@@ -30,6 +32,15 @@ type Options struct {
 	// StartTimeout bounds the wait for the first PONG (10s when zero): a
 	// server that loads a large data set at start needs longer.
 	StartTimeout time.Duration
+	// Args are more redis-server arguments, after the harness's own (a
+	// later argument wins): --replicaof, --cluster-enabled, ...
+	Args []string
+	// Conf is written to redis.conf in the server's directory (once: a
+	// Sentinel rewrites it with what it learned, and a restart reads that
+	// back) and given first.
+	Conf string
+	// Sentinel starts the process in Sentinel mode (redis-server --sentinel).
+	Sentinel bool
 }
 
 func (o Options) persistenceArgs() ([]string, error) {
@@ -42,6 +53,32 @@ func (o Options) persistenceArgs() ([]string, error) {
 		return []string{"--appendonly", "yes", "--appendfsync", "everysec"}, nil
 	}
 	return []string{"--appendonly", "no"}, nil
+}
+
+// args is the command line of a server on port with its data in dir.
+func (o Options) args(dir string, port int) ([]string, error) {
+	var args []string
+	if o.Conf != "" {
+		conf := filepath.Join(dir, "redis.conf")
+		if _, err := os.Stat(conf); err != nil {
+			if err := os.WriteFile(conf, []byte(o.Conf), 0o600); err != nil {
+				return nil, fmt.Errorf("redis.conf: %w", err)
+			}
+		}
+		args = append(args, conf)
+	}
+	args = append(args, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--daemonize", "no", "--loglevel", "warning")
+	if o.Sentinel {
+		return append(append(args, "--sentinel"), o.Args...), nil
+	}
+	persist, err := o.persistenceArgs()
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, "--save", "", "--protected-mode", "yes")
+	args = append(args, persist...)
+	return append(args, o.Args...), nil
 }
 
 // Server is one redis-server process under a test's control.
@@ -74,6 +111,12 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
 // URL is the redis:// URL of the server, database 0.
 func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Port is the server's port.
+func (s *Server) Port() int { return s.port }
+
+// Dir is the server's working directory (its AOF, its logs, nodes.conf).
+func (s *Server) Dir() string { return s.dir }
 
 func (s *Server) start() {
 	s.t.Helper()
@@ -118,15 +161,10 @@ type Process struct {
 // dir, and returns once it answers PING, or fails after opts.StartTimeout.
 // The caller must Kill it.
 func Launch(dir string, port int, opts Options) (*Process, error) {
-	persist, err := opts.persistenceArgs()
+	args, err := opts.args(dir, port)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{
-		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--save", "", "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
-	}
-	args = append(args, persist...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Dir = dir
 	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))

@@ -14,11 +14,11 @@ import (
 )
 
 // TestCluster runs the store on a one-node Redis Cluster that owns every
-// slot. One node is enough to check what cluster mode changes for the
-// store: the cluster client routes each script by its first key, retries
-// differently from the plain client, and the server refuses a script whose
-// KEYS span slots (CROSSSLOT) as a real cluster does. Failover and
-// resharding are not exercised.
+// slot, behind a relay that can lose replies: the cluster client routes each
+// script by its first key, retries differently from the plain client, and
+// the server refuses a script whose KEYS span slots (CROSSSLOT) as a real
+// cluster does. The conformance suite runs on three masters
+// (TestClusterOfThreeMasters); failover is TestCancelReplicas*'s.
 func TestCluster(t *testing.T) {
 	// The node announces the cutter's port, so every connection the cluster
 	// client makes goes through it.
@@ -44,15 +44,6 @@ func TestCluster(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	url := "redis-cluster://" + cut.addr()
-
-	t.Run("Conformance", func(t *testing.T) {
-		statetest.Run(t, func(t *testing.T) state.Store {
-			if err := admin.FlushAll(context.Background()).Err(); err != nil {
-				t.Fatalf("flushall: %v", err)
-			}
-			return open(t, url, redisstore.Options{})
-		})
-	})
 
 	t.Run("ScriptsStayInOneSlot", func(t *testing.T) {
 		// First, that this node does check: KEYS in two slots are refused.

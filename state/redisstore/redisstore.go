@@ -35,6 +35,15 @@ type Options struct {
 	// Logger receives the store's own notes (dropped cancel notifications,
 	// index repairs); slog.Default() when nil.
 	Logger *slog.Logger
+	// CancelReplicas, when above zero, acknowledges a cancel only once that
+	// many replicas of the run's primary have it (Redis WAIT, within
+	// OpTimeout), so that a failover after the acknowledgement cannot lose
+	// it. A cancel the replicas do not confirm in time is an error wrapping
+	// state.ErrUnavailable (the API answers 503), although it is committed
+	// on the primary and already refuses the run's effects there: it may be
+	// lost if the primary fails before a replica has it. Cancelling again
+	// is safe (nothing changes twice) and waits again. docs/redis.md.
+	CancelReplicas int
 }
 
 // Store is a state.Store on Redis. It is safe for concurrent use.
@@ -42,7 +51,9 @@ type Store struct {
 	rdb       redis.UniversalClient
 	scripter  onceScripter
 	opTimeout time.Duration
-	log       *slog.Logger
+	// cancelReplicas is Options.CancelReplicas.
+	cancelReplicas int
+	log            *slog.Logger
 	addr      string // for messages: the URL with the password hidden
 
 	// known holds ids whose row this process has seen exist; see index.go.
@@ -70,14 +81,18 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.OpTimeout == 0 {
 		opts.OpTimeout = DefaultOpTimeout
 	}
+	if opts.CancelReplicas < 0 {
+		return nil, fmt.Errorf("%w: cancel replicas %d is negative", state.ErrInvalid, opts.CancelReplicas)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	s := &Store{
-		opTimeout: opts.OpTimeout,
-		log:       opts.Logger.With("store", "redis"),
-		addr:      Redact(url),
-		subs:      map[*redis.PubSub]struct{}{},
+		opTimeout:      opts.OpTimeout,
+		cancelReplicas: opts.CancelReplicas,
+		log:            opts.Logger.With("store", "redis"),
+		addr:           Redact(url),
+		subs:           map[*redis.PubSub]struct{}{},
 	}
 	s.rdb = newClient(t, opts.OpTimeout)
 	s.scripter = onceScripter{rdb: s.rdb}
@@ -315,6 +330,11 @@ func (s *Store) call(ctx context.Context, op, runID string, script *redis.Script
 	if err != nil {
 		return reply{}, s.fail(op, runID, err)
 	}
+	return s.decode(op, runID, raw)
+}
+
+// decode reads a per-run script's reply.
+func (s *Store) decode(op, runID, raw string) (reply, error) {
 	var r reply
 	if err := json.Unmarshal([]byte(raw), &r); err != nil {
 		return reply{}, fmt.Errorf("redis %s run %s: decode the script's reply: %w", op, runID, err)
@@ -388,7 +408,13 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	if err := s.index(ctx, "cancel", req.RunID, indexCancel); err != nil {
 		return state.CancelResult{}, err
 	}
-	r, err := s.call(ctx, "cancel", req.RunID, cancelScript, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID)
+	var r reply
+	var err error
+	if s.cancelReplicas > 0 {
+		r, err = s.cancelReplicated(ctx, req)
+	} else {
+		r, err = s.call(ctx, "cancel", req.RunID, cancelScript, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "0")
+	}
 	if err != nil {
 		return state.CancelResult{}, err
 	}
@@ -396,6 +422,58 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 		return state.CancelResult{}, conflictOf(req.RunID, r)
 	}
 	return state.CancelResult{Run: runOf(req.RunID, r.Run), Changed: r.Changed}, nil
+}
+
+// cancelReplicated runs the cancel script, then WAIT, on one connection to
+// the run's primary: WAIT counts the replicas that have the last write of
+// its own connection. Neither is retried (MaxRetries -1 on every node
+// client).
+func (s *Store) cancelReplicated(ctx context.Context, req state.CancelRequest) (reply, error) {
+	k := keysOf(req.RunID)
+	node, err := s.primary(ctx, k.row)
+	if err != nil {
+		return reply{}, s.fail("cancel", req.RunID, err)
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	raw, err := cancelScript.Run(ctx, conn, k.list(), req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "1").Text()
+	if err != nil {
+		return reply{}, s.fail("cancel", req.RunID, err)
+	}
+	r, err := s.decode("cancel", req.RunID, raw)
+	if err != nil || r.Conflict != "" {
+		return r, err
+	}
+	// WAIT must answer before the operation's deadline, or its answer is lost.
+	wait := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl) * 4 / 5
+	}
+	wait = max(wait, time.Millisecond)
+	got, err := conn.Do(ctx, "WAIT", s.cancelReplicas, ms(wait)).Int()
+	if err != nil {
+		err = s.fail("cancel wait", req.RunID, err)
+		return reply{}, fmt.Errorf("%w (the cancel ran on the primary; cancel again to confirm it reached %d replicas)", err, s.cancelReplicas)
+	}
+	if got < s.cancelReplicas {
+		return reply{}, fmt.Errorf("redis cancel run %s on %s: %w: only %d of %d replicas confirmed the cancel within %s; "+
+			"it is committed on the primary, which refuses the run's effects, but a failover now could lose it: cancel again to confirm",
+			req.RunID, s.addr, state.ErrUnavailable, got, s.cancelReplicas, wait.Round(time.Millisecond))
+	}
+	return r, nil
+}
+
+// primary is the client of the node that holds key's slot: the cluster's
+// master for it, or the one server (Sentinel's current master).
+func (s *Store) primary(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Client:
+		return c, nil
+	default:
+		return nil, fmt.Errorf("no primary for a %T", s.rdb)
+	}
 }
 
 // Complete moves ACTIVE → COMPLETED at the observed version.

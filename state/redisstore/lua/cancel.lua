@@ -1,9 +1,14 @@
--- cancel: ARGV actor, reason, drain ms, pub/sub channel, run id.
+-- cancel: ARGV actor, reason, drain ms, pub/sub channel, run id, sync (1/0).
 -- The compare-and-set ACTIVE -> CANCELLING. It revokes every scheduled retry
 -- in the same step and publishes the run id only when it changed the row, so
 -- repeating it (a caller retrying after a lost reply) changes nothing and
 -- announces nothing twice.
 local actor, reason, drain, channel, run_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+-- With sync, the caller WAITs for replicas after the script. WAIT counts
+-- the replicas that have this connection's last write, so a cancel that
+-- changes nothing (a retry after a WAIT fell short) still writes: the row's
+-- step time, unchanged, which replicates after the cancel it confirms.
+local sync = ARGV[6] == '1'
 local run = load_run()
 local now = now_ms(run)
 if not run then
@@ -19,6 +24,9 @@ if run.status == 'COMPLETED' then
   return cjson.encode({run = run, conflict = 'run_not_active'})
 end
 if run.status ~= 'ACTIVE' then
+  if sync then
+    redis.call('HSET', K_RUN, 't', run.t or int(now))
+  end
   return cjson.encode({run = run})
 end
 run.status = 'CANCELLING'
