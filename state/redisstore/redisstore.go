@@ -54,7 +54,7 @@ type Store struct {
 	// cancelReplicas is Options.CancelReplicas.
 	cancelReplicas int
 	log            *slog.Logger
-	addr      string // for messages: the URL with the password hidden
+	addr           string // for messages: the URL with the password hidden
 
 	// known holds ids whose row this process has seen exist; see index.go.
 	known knownRuns
