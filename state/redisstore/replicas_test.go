@@ -206,7 +206,15 @@ func TestFailoverWithoutCancelReplicasCanLoseAcknowledgedCancel(t *testing.T) {
 	ctx := tctx(t)
 	s := open(t, r.sentinel.URL(), redisstore.Options{OpTimeout: time.Second})
 	must(s.Admit(ctx, state.AdmitRequest{RunID: "lost", Actor: "t"}))(t)
-	r.replica.WaitSynced(ctx)
+	// The admission reaches the replica before replication is cut.
+	rep := raw(t, r.replica.Addr())
+	deadline := time.Now().Add(10 * time.Second)
+	for rep.Exists(ctx, redisstore.KeysOf("lost")[0]).Val() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the admission did not reach the replica within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	r.link.Partition()
 	res := must(s.Cancel(ctx, state.CancelRequest{RunID: "lost", Actor: "op", Reason: "acknowledged, not replicated"}))(t)

@@ -1,0 +1,761 @@
+package evidence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/internal/evidence"
+	"github.com/stopgate/stopgate/state"
+)
+
+// binary is the stopgate built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "stopgate-evidence-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if binary, err = evidence.Build(ctx, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// rounds is how many times each case repeats: STOPGATE_EVIDENCE_RUNS, 2 by
+// default (make test); make evidence asks for many more.
+func rounds(t *testing.T) int {
+	v := os.Getenv("STOPGATE_EVIDENCE_RUNS")
+	if v == "" {
+		return 2
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("STOPGATE_EVIDENCE_RUNS=%q: want a whole number of 1 or more", v)
+	}
+	return n
+}
+
+// faultCase is one injected failure.
+type faultCase struct {
+	name     string
+	failure  string
+	recovery string
+	// todo, when set, says why the case is not written yet: it is printed
+	// in the table as NOT RUN and the test is skipped, never passed.
+	todo string
+	run  func(t *testing.T, n int) []evidence.Round
+}
+
+// TestEvidence runs every fault case, fills the table and prints it (and
+// writes it to STOPGATE_EVIDENCE_TABLE when set). Each case fails on any
+// round with something leaked, lost or unexplained, or with an expectation
+// of the case that did not hold.
+func TestEvidence(t *testing.T) {
+	cases := []faultCase{
+		{"KillMidPost", "stopgate killed -9 mid-POST; same Idempotency-Key retried on another instance", "kill -9 → the orphaned intent is UNKNOWN (lease expiry)", "", caseKillMidPost},
+		{"RedisKilledAfterCancel", "redis-server killed -9 right after an acknowledged cancel; restarted from its AOF", "redis restarted → first request forwarded again", "", caseRedisKilledAfterCancel},
+		{"RedisPaused", "redis-server paused (SIGSTOP) during a burst, then resumed", "SIGCONT → first request forwarded again", "", caseRedisPaused},
+		{"LostReplies", "replies lost on the wire after Redis ran the guard and the cancel scripts", "lost guard reply → its intent is UNKNOWN (lease expiry)", "", caseLostReplies},
+		{"PubSubSilent", "pub/sub connection silent: the cancel message never arrives", "cancel acknowledged → open tunnel and stream cut (re-check, 500ms interval)", "", casePubSubSilent},
+		{"ThreeInstances", "three instances on one Redis: cancel through one, traffic through the others", "cancel acknowledged → stream on another instance cut", "", caseThreeInstances},
+		{"BrowserActionInFlight", "a browser action in flight when the cancel lands", "", "TODO: the browser guard is being reworked; the plan is at TODO(BrowserActionInFlight) in evidence_test.go", nil},
+		{"TransparentInFlight", "a transparent-mode connection in flight when the cancel lands", "", "TODO: transparent mode (--transparent-addr) is not in this tree yet; the plan is at TODO(TransparentInFlight) in evidence_test.go", nil},
+		{"DiskFull", "disk full under the embedded store", "space freed → first request forwarded again", "", caseDiskFull},
+		{"KillMidCommit", "stopgate killed -9 mid-commit on the embedded store; the file reopened", "kill -9 → restarted instance answers", "", caseKillMidCommit},
+	}
+	n := rounds(t)
+	table := &evidence.Table{}
+	t.Cleanup(func() { report(t, table) })
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Log(c.failure)
+			if c.todo != "" {
+				table.Add(evidence.Row{Failure: c.failure, Skipped: c.todo})
+				t.Skip(c.todo)
+			}
+			var rs []evidence.Round
+			var skip string
+			func() {
+				defer func() {
+					if v := recover(); v != nil {
+						s, ok := v.(skipCase)
+						if !ok {
+							panic(v)
+						}
+						skip = string(s)
+					}
+				}()
+				rs = c.run(t, n)
+			}()
+			if skip != "" {
+				table.Add(evidence.Row{Failure: c.failure, Skipped: skip})
+				t.Skip(skip)
+			}
+			table.Add(evidence.Row{Failure: c.failure, Recovery: c.recovery, Rounds: rs})
+			for i, r := range rs {
+				for _, p := range r.Problems {
+					t.Errorf("round %d: %s", i, p)
+				}
+			}
+		})
+	}
+}
+
+// skipCase is raised (as a panic caught by TestEvidence) by a case that
+// cannot run on this machine; the table says so.
+type skipCase string
+
+func report(t *testing.T, table *evidence.Table) {
+	out := table.String()
+	t.Logf("the evidence:\n%s", out)
+	if path := os.Getenv("STOPGATE_EVIDENCE_TABLE"); path != "" {
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			t.Errorf("writing the table to %s: %v", path, err)
+		}
+	}
+}
+
+func tctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// attempts is a goroutine-safe list of what clients saw.
+type attempts struct {
+	mu sync.Mutex
+	as []evidence.Attempt
+}
+
+func (l *attempts) add(a evidence.Attempt) evidence.Attempt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.as = append(l.as, a)
+	return a
+}
+
+func (l *attempts) all() []evidence.Attempt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]evidence.Attempt(nil), l.as...)
+}
+
+// hitsOf is the upstream's count of the keys of the given runs (keys are
+// RUN-...).
+func hitsOf(up *evidence.Upstream, runs ...string) map[string]int {
+	out := map[string]int{}
+	for k, n := range up.AllHits() {
+		for _, run := range runs {
+			if strings.HasPrefix(k, run+"-") {
+				out[k] = n
+			}
+		}
+	}
+	return out
+}
+
+func admit(t *testing.T, sg *evidence.Stopgate, run string) {
+	t.Helper()
+	if _, err := sg.API().Admit(tctx(t), run); err != nil {
+		t.Fatalf("admit %s: %v", run, err)
+	}
+}
+
+// cancelRun cancels through sg and returns when the cancel was acknowledged.
+func cancelRun(t *testing.T, sg *evidence.Stopgate, run, reason string) (time.Time, control.CancelResponse) {
+	t.Helper()
+	drain := 30 * time.Second
+	res, err := sg.API().Cancel(tctx(t), run, client.CancelOptions{Reason: reason, Drain: &drain})
+	if err != nil {
+		t.Fatalf("cancel %s: %v", run, err)
+	}
+	return time.Now(), res.Value
+}
+
+func audit(t *testing.T, sg *evidence.Stopgate, run string) control.Audit {
+	t.Helper()
+	a, err := sg.Audit(tctx(t), run)
+	if err != nil {
+		t.Fatalf("audit %s: %v", run, err)
+	}
+	return a
+}
+
+// eventually polls cond until it holds or d passes, and says how long it took.
+func eventually(d time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start), true
+		}
+		if time.Since(start) > d {
+			return time.Since(start), false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// settle waits until the run's record holds no intent IN_FLIGHT (leases of
+// dead carriers expire into UNKNOWN; finished requests are recorded) and a
+// cancelled run has moved on from CANCELLING, then returns the record as
+// two reads in a row agree on it (the audit is read in several steps).
+func settle(t *testing.T, sg *evidence.Stopgate, run string, within time.Duration) control.Audit {
+	t.Helper()
+	var a control.Audit
+	eventually(within, func() bool {
+		a = audit(t, sg, run)
+		if a.Run.Intents[state.IntentInFlight] > 0 || a.Run.Status == state.StatusCancelling {
+			return false
+		}
+		b := audit(t, sg, run)
+		same := b.Run.Status == a.Run.Status && len(b.Events) == len(a.Events)
+		a = b
+		return same
+	})
+	return a
+}
+
+// reconcile settles the run, then resolves each UNKNOWN intent from the
+// upstream's count, as a provider lookup would (applied when the upstream
+// saw the key), and returns the record once settled again.
+func reconcile(t *testing.T, sg *evidence.Stopgate, up *evidence.Upstream, run string, r *evidence.Round) control.Audit {
+	t.Helper()
+	a := settle(t, sg, run, 5*time.Second)
+	for _, in := range a.Intents {
+		if in.State != state.IntentUnknown {
+			continue
+		}
+		outcome, hits := "not_applied", up.Hits(in.Key)
+		if hits > 0 {
+			outcome = "applied"
+		}
+		req := control.ResolveRequest{Outcome: outcome, Source: "operator", Note: fmt.Sprintf("the provider counted it %d time(s)", hits)}
+		if _, err := sg.API().Resolve(tctx(t), run, in.Key, req); err != nil {
+			t.Fatalf("resolve %s/%s: %v", run, in.Key, err)
+		}
+		r.Reconciled++
+	}
+	return settle(t, sg, run, 5*time.Second)
+}
+
+// judge applies the three checks to one round's runs.
+func judge(r *evidence.Round, as []evidence.Attempt, hits map[string]int, cancelled map[string]time.Time, reasons map[string]string, audits map[string]control.Audit) {
+	r.Requests = len(as)
+	evidence.CountLeaks(r, as, hits, cancelled, audits)
+	refused := evidence.RefusedKeys(as)
+	for run, a := range audits {
+		if reason, ok := reasons[run]; ok {
+			evidence.CheckCancelKept(r, a, reason)
+		}
+		evidence.Explain(r, a, refused)
+	}
+}
+
+// expect records a broken expectation of the case: it fails the test, and
+// the table's columns do not count it.
+func expect(r *evidence.Round, ok bool, format string, args ...any) {
+	if !ok {
+		r.Problems = append(r.Problems, "expected: "+fmt.Sprintf(format, args...))
+	}
+}
+
+const storeFlags = "--store-timeout=300ms --lease-ttl=1s --sweep-interval=100ms --recheck-interval=500ms"
+
+func flags(extra ...string) []string {
+	return append(strings.Fields(storeFlags), extra...)
+}
+
+func caseKillMidPost(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	up := evidence.StartUpstream(t)
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run, reason := fmt.Sprintf("kill9-%d", i), "operator stop after a crash"
+		key := run + "-charge"
+		var log attempts
+		admit(t, b, run)
+		first := make(chan evidence.Attempt, 1)
+		go func() { first <- a.Post(ctx, up, "slow", run, key) }()
+		select {
+		case <-up.Arrived(key):
+		case <-time.After(10 * time.Second):
+			t.Fatal("the slow POST never reached the upstream")
+		}
+		a.Kill9()
+		killed := time.Now()
+		log.add(<-first)
+		retry := log.add(b.Post(ctx, up, "e", run, key))
+		expect(&r, retry.Code == state.RefusalInProgress, "the retry on the other instance is refused intent_in_progress, got %d %s", retry.Status, retry.Code)
+		ack, _ := cancelRun(t, b, run, reason)
+		log.add(b.Post(ctx, up, "e", run, key))
+		log.add(b.Post(ctx, up, "e", run, run+"-after"))
+		_, ok := eventually(10*time.Second, func() bool {
+			in, err := b.API().Intent(ctx, run, key)
+			return err == nil && in.Value.State == state.IntentUnknown
+		})
+		expect(&r, ok, "the dead instance's intent turns UNKNOWN")
+		r.Recover = time.Since(killed)
+		log.add(b.Post(ctx, up, "e", run, key))
+		if _, err := b.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "applied", Source: "operator", Note: "the provider counted it once"}); err != nil {
+			t.Fatalf("resolve: %v", err)
+		}
+		r.Reconciled++
+		log.add(b.Post(ctx, up, "e", run, key))
+		expect(&r, up.Hits(key) == 1, "the key reached the upstream once, got %d", up.Hits(key))
+		final := settle(t, b, run, 5*time.Second)
+		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once its unknown is reconciled, got %s", final.Run.Status)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+		a.Restart()
+	}
+	return out
+}
+
+func caseRedisKilledAfterCancel(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	up := evidence.StartUpstream(t)
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		victim, bystander, reason := fmt.Sprintf("rk-v%d", i), fmt.Sprintf("rk-b%d", i), "stop, then redis dies"
+		var log attempts
+		admit(t, a, victim)
+		admit(t, a, bystander)
+		log.add(a.Post(ctx, up, "e", victim, victim+"-0"))
+		log.add(b.Post(ctx, up, "e", bystander, bystander+"-0"))
+		ack, _ := cancelRun(t, a, victim, reason)
+		redis.Kill()
+		for j, sg := range []*evidence.Stopgate{a, b, a, b} {
+			run := []string{victim, bystander}[j/2]
+			at := log.add(sg.Post(ctx, up, "e", run, fmt.Sprintf("%s-down%d", run, j)))
+			expect(&r, at.Code == "store_unavailable", "with redis down: 503 store_unavailable, got %d %s", at.Status, at.Code)
+		}
+		redis.Restart()
+		k := 0
+		took, ok := eventually(15*time.Second, func() bool {
+			k++
+			return log.add(a.Post(ctx, up, "e", bystander, fmt.Sprintf("%s-up%d", bystander, k))).Status == 200
+		})
+		expect(&r, ok, "the bystander's requests are forwarded again after the restart")
+		r.Recover = took
+		for _, sg := range []*evidence.Stopgate{a, b} {
+			at := log.add(sg.Post(ctx, up, "e", victim, fmt.Sprintf("%s-late%s", victim, sg.Proxy)))
+			expect(&r, at.Code == state.RefusalRunNotActive, "the victim after the restart: 409 run_not_active, got %d %s", at.Status, at.Code)
+		}
+		audits := map[string]control.Audit{victim: settle(t, a, victim, 5*time.Second), bystander: settle(t, a, bystander, 5*time.Second)}
+		judge(&r, log.all(), hitsOf(up, victim, bystander), map[string]time.Time{victim: ack}, map[string]string{victim: reason}, audits)
+		out = append(out, r)
+	}
+	return out
+}
+
+func caseRedisPaused(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	up := evidence.StartUpstream(t)
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run, reason := fmt.Sprintf("pause-%d", i), "stop after the pause"
+		var log attempts
+		admit(t, a, run)
+		var stop sync.WaitGroup
+		done := make(chan struct{})
+		var paused, resumed time.Time
+		var mu sync.Mutex
+		for w := range 4 {
+			stop.Go(func() {
+				for j := 0; ; j++ {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					log.add(a.Post(ctx, up, "e", run, fmt.Sprintf("%s-w%d-%d", run, w, j)))
+				}
+			})
+		}
+		time.Sleep(200 * time.Millisecond)
+		redis.Pause()
+		mu.Lock()
+		paused = time.Now()
+		mu.Unlock()
+		time.Sleep(time.Second)
+		redis.Resume()
+		mu.Lock()
+		resumed = time.Now()
+		mu.Unlock()
+		took, ok := eventually(10*time.Second, func() bool {
+			for _, at := range log.all() {
+				if at.Status == 200 && at.Started.After(resumed) {
+					return true
+				}
+			}
+			return false
+		})
+		expect(&r, ok, "requests are forwarded again after the resume")
+		r.Recover = took
+		time.Sleep(100 * time.Millisecond)
+		close(done)
+		stop.Wait()
+		for _, at := range log.all() {
+			// Started once the pause was sure to be felt, answered before the resume.
+			if at.Started.After(paused.Add(50*time.Millisecond)) && at.Started.Add(300*time.Millisecond).Before(resumed) {
+				expect(&r, at.Code == "store_unavailable", "a request during the pause gets 503 store_unavailable, got %d %s", at.Status, at.Code)
+			}
+		}
+		ack, _ := cancelRun(t, a, run, reason)
+		after := log.add(a.Post(ctx, up, "e", run, run+"-after"))
+		expect(&r, after.Code == state.RefusalRunNotActive, "after the cancel: 409, got %d %s", after.Status, after.Code)
+		// A guard whose reply was held in the paused server's buffer ran in
+		// time, but its caller had answered 503: its lease expires into
+		// UNKNOWN, reconciled here. A guard that ran after its caller gave
+		// up would be a late record, which Explain counts.
+		final := reconcile(t, a, up, run, &r)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+	}
+	return out
+}
+
+func caseLostReplies(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	relay := startRelay(t, redis.Addr())
+	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags()})
+	up := evidence.StartUpstream(t)
+	ctx := tctx(t)
+	// Warm up: both scripts are loaded, so the calls below are EVALSHA that run.
+	admit(t, a, "warm")
+	a.Post(ctx, up, "e", "warm", "warm-0")
+	cancelRun(t, a, "warm", "warm up")
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		run, reason := fmt.Sprintf("lost-%d", i), "stop, reply lost"
+		key := run + "-charge"
+		var log attempts
+		admit(t, a, run)
+
+		fired := relay.DropNextReply("evalsha", key)
+		lostAt := time.Now()
+		first := log.add(a.Post(ctx, up, "e", run, key))
+		expect(&r, isClosed(fired), "the relay lost the guard's reply")
+		expect(&r, first.Code == "store_unavailable", "the guard whose reply was lost: 503, got %d %s", first.Status, first.Code)
+		again := log.add(a.Post(ctx, up, "e", run, key))
+		expect(&r, again.Code == state.RefusalInProgress, "the retry finds the key admitted once (intent_in_progress), got %d %s", again.Status, again.Code)
+
+		fired = relay.DropNextReply("evalsha", "sg:cancels", run)
+		drain := 30 * time.Second
+		_, err := a.API().Cancel(ctx, run, client.CancelOptions{Reason: reason, Drain: &drain})
+		var apiErr *client.APIError
+		expect(&r, isClosed(fired), "the relay lost the cancel's reply")
+		expect(&r, errors.As(err, &apiErr) && apiErr.StatusCode == 503, "the cancel whose reply was lost: 503, got %v", err)
+		ack, res := cancelRun(t, a, run, reason)
+		expect(&r, !res.Changed && res.Run.CancelVersion == 2, "the repeated cancel changes nothing: got changed=%v at version %d", res.Changed, res.Run.CancelVersion)
+		log.add(a.Post(ctx, up, "e", run, run+"-after"))
+
+		in := func() state.Intent {
+			v, err := a.API().Intent(ctx, run, key)
+			if err != nil {
+				t.Fatalf("intent: %v", err)
+			}
+			return v.Value
+		}
+		_, ok := eventually(10*time.Second, func() bool { return in().State == state.IntentUnknown })
+		expect(&r, ok, "the intent whose reply was lost turns UNKNOWN at its lease's end")
+		r.Recover = time.Since(lostAt)
+		expect(&r, in().Attempts == 1, "one intent, admitted once, under the key: got %d attempts", in().Attempts)
+		if _, err := a.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "not_applied", Source: "operator", Note: "the provider never saw it"}); err != nil {
+			t.Fatalf("resolve: %v", err)
+		}
+		r.Reconciled++
+		final := settle(t, a, run, 5*time.Second)
+		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once reconciled, got %s", final.Run.Status)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+	}
+	return out
+}
+
+func casePubSubSilent(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	relay := startRelay(t, redis.Addr())
+	end := evidence.StartTunnelEnd(t)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("pass_through: [\""+end.Addr()+"\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags("--config", policy)})
+	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	up := evidence.StartUpstream(t)
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run, reason := fmt.Sprintf("silent-%d", i), "stop while pub/sub is silent"
+		var log attempts
+		admit(t, b, run)
+		tunnel, err := openTunnel(a.Proxy, run, end.Addr())
+		if err != nil {
+			t.Fatalf("tunnel: %v", err)
+		}
+		stream, err := openStream(ctx, a, up, run, run+"-stream")
+		if err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		log.add(evidence.Attempt{Run: run, Key: run + "-stream", Started: time.Now(), Status: 200})
+		relay.Silence("subscribe")
+		before := relay.SilencedBytes()
+		ack, _ := cancelRun(t, b, run, reason)
+		tunnelCut, streamCut := tunnel.cutWithin(10*time.Second), stream.cutWithin(10*time.Second)
+		expect(&r, tunnelCut >= 0, "the tunnel is cut")
+		expect(&r, streamCut >= 0, "the stream is cut")
+		if tunnelCut < 0 || streamCut < 0 {
+			r.Fail(&r.Leaked, "a connection of run %s still carried bytes 10s after its cancel", run)
+		}
+		r.Recover = max(tunnelCut, streamCut)
+		expect(&r, relay.SilencedBytes() > before, "the cancel message was lost on the silent connection")
+		conns := end.Conns()
+		_, err = openTunnel(a.Proxy, run, end.Addr())
+		expect(&r, err != nil && strings.Contains(err.Error(), "409"), "a new tunnel after the cancel: 409, got %v", err)
+		expect(&r, end.Conns() == conns, "no new connection reaches the tunnel's end after the cancel")
+		log.add(a.Post(ctx, up, "e", run, run+"-after"))
+		final := settle(t, b, run, 5*time.Second)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+		relay.Heal()
+		relay.CutAll()
+	}
+	return out
+}
+
+func caseThreeInstances(t *testing.T, n int) []evidence.Round {
+	redis := startRedis(t, true)
+	var sgs []*evidence.Stopgate
+	for range 3 {
+		sgs = append(sgs, evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()}))
+	}
+	up := evidence.StartUpstream(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run, reason := fmt.Sprintf("three-%d", i), "stop through the first instance"
+		var log attempts
+		admit(t, sgs[0], run)
+		stream, err := openStream(ctx, sgs[2], up, run, run+"-stream")
+		if err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		log.add(evidence.Attempt{Run: run, Key: run + "-stream", Started: time.Now(), Status: 200})
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 6 {
+			sg := sgs[1+w%2]
+			wg.Go(func() {
+				for j := 0; ; j++ {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					log.add(sg.Post(ctx, up, "e", run, fmt.Sprintf("%s-w%d-%d", run, w, j)))
+				}
+			})
+		}
+		time.Sleep(time.Duration(50+rng.IntN(200)) * time.Millisecond)
+		ack, _ := cancelRun(t, sgs[0], run, reason)
+		cut := stream.cutWithin(10 * time.Second)
+		expect(&r, cut >= 0, "the stream on the third instance is cut")
+		r.Recover = cut
+		time.Sleep(300 * time.Millisecond)
+		close(done)
+		wg.Wait()
+		forwardedAfter := 0
+		for _, at := range log.all() {
+			if at.Started.After(ack) && at.Status == 200 {
+				forwardedAfter++
+			}
+		}
+		expect(&r, forwardedAfter == 0, "no request started after the cancel is forwarded, got %d", forwardedAfter)
+		final := settle(t, sgs[1], run, 5*time.Second)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+	}
+	return out
+}
+
+func caseDiskFull(t *testing.T, n int) []evidence.Round {
+	mnt := mountTmpfs(t, "16m")
+	up := evidence.StartUpstream(t)
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		dir := filepath.Join(mnt, fmt.Sprintf("data-%d", i))
+		a := evidence.Start(t, binary, evidence.Config{DataDir: dir, Flags: flags()})
+		run, reason := fmt.Sprintf("full-%d", i), "stop on a full disk"
+		var log attempts
+		admit(t, a, run)
+		log.add(a.Post(ctx, up, "e", run, run+"-0"))
+		filler := fill(t, mnt)
+		// Effects until the store cannot commit any more: bbolt first uses
+		// the free pages already in its file, then needs to grow it.
+		full := false
+		for j := 1; j <= 3000 && !full; j++ {
+			at := log.add(a.Post(ctx, up, "e", run, fmt.Sprintf("%s-%d", run, j)))
+			full = at.Code == "store_unavailable"
+			expect(&r, at.Status == 200 || at.Code == "store_unavailable", "on a full disk: 200 or 503, got %d %s", at.Status, at.Code)
+		}
+		expect(&r, full, "the full disk is felt: some request gets 503")
+		drain := 30 * time.Second
+		_, cancelErr := a.API().Cancel(ctx, run, client.CancelOptions{Reason: reason, Drain: &drain})
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		freed := time.Now()
+		k := 0
+		_, ok := eventually(10*time.Second, func() bool {
+			k++
+			at := log.add(a.Post(ctx, up, "e", run, fmt.Sprintf("%s-free%d", run, k)))
+			return at.Status == 200 || at.Code == state.RefusalRunNotActive
+		})
+		expect(&r, ok, "the store commits again once space is freed")
+		r.Recover = time.Since(freed)
+		if cancelErr != nil {
+			t.Logf("round %d: the cancel on the full disk was refused (%v); cancelling again", i, cancelErr)
+		}
+		ack, _ := cancelRun(t, a, run, reason)
+		a.Kill9()
+		a.Restart()
+		final := reconcile(t, a, up, run, &r)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		out = append(out, r)
+		a.Kill9()
+	}
+	return out
+}
+
+func caseKillMidCommit(t *testing.T, n int) []evidence.Round {
+	up := evidence.StartUpstream(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 10))
+	var out []evidence.Round
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		a := evidence.Start(t, binary, evidence.Config{Flags: flags()})
+		runs := []string{fmt.Sprintf("commit-%d-a", i), fmt.Sprintf("commit-%d-b", i), fmt.Sprintf("commit-%d-c", i)}
+		for _, run := range runs {
+			admit(t, a, run)
+		}
+		var log attempts
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				for j := 0; ; j++ {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					run := runs[(w+j)%len(runs)]
+					log.add(a.Post(ctx, up, "e", run, fmt.Sprintf("%s-w%d-%d", run, w, j)))
+				}
+			})
+		}
+		acked := map[string]time.Time{}
+		reasons := map[string]string{}
+		var ackMu sync.Mutex
+		wg.Go(func() {
+			for _, run := range runs[:2] {
+				time.Sleep(time.Duration(20+rng.IntN(150)) * time.Millisecond)
+				drain := 30 * time.Second
+				reason := "stop " + run
+				if _, err := a.API().Cancel(ctx, run, client.CancelOptions{Reason: reason, Drain: &drain}); err == nil {
+					ackMu.Lock()
+					acked[run], reasons[run] = time.Now(), reason
+					ackMu.Unlock()
+				}
+			}
+		})
+		time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+		a.Kill9()
+		killed := time.Now()
+		close(done)
+		wg.Wait()
+		a.Restart()
+		r.Recover = time.Since(killed)
+		audits := map[string]control.Audit{}
+		ackMu.Lock()
+		for _, run := range runs {
+			audits[run] = reconcile(t, a, up, run, &r)
+			if _, ok := acked[run]; ok {
+				at := log.add(a.Post(ctx, up, "e", run, run+"-after"))
+				expect(&r, at.Code == state.RefusalRunNotActive, "a cancelled run after the restart: 409, got %d %s", at.Status, at.Code)
+				audits[run] = audit(t, a, run)
+			}
+		}
+		judge(&r, log.all(), hitsOf(up, runs...), acked, reasons, audits)
+		ackMu.Unlock()
+		out = append(out, r)
+		a.Kill9()
+	}
+	return out
+}
+
+// TODO(BrowserActionInFlight): once the browser guard's rework lands,
+// launch a guarded Chromium for a run through the instance (POST
+// /v1/runs/RUN/browsers, or `stopgate browser --run RUN`), connect with
+// chromedp, start an action that waits on a request the upstream holds
+// (/slow/RUN/KEY from the page), cancel through another instance while it
+// is held, and judge: the page's request counted once by the upstream, the
+// next action refused with a CDP error naming the run's state and no new
+// upstream hit, the browser intents in the audit (the in-flight action
+// UNKNOWN or answered, never CANCELLED without a reason).
+//
+// TODO(TransparentInFlight): once --transparent-addr is in the tree, run an
+// unmodified client under `stopgate exec --run RUN --isolate` (root, its own
+// network namespace), hold a connection open to a loopback upstream through
+// the redirect, cancel, and judge as casePubSubSilent does: the connection
+// cut, no new connection reaching the upstream, the tunnel's intent in the
+// audit.
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(2 * time.Second):
+		return false
+	}
+}

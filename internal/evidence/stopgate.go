@@ -1,0 +1,219 @@
+package evidence
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/control/client"
+)
+
+// Build compiles the stopgate binary into dir and returns its path.
+func Build(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "stopgate")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/stopgate/stopgate/cmd/proxy").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Config is how a stopgate instance is started.
+type Config struct {
+	// Store is the --store URL; empty: the embedded store in DataDir.
+	Store string
+	// DataDir is --data-dir; empty: a fresh temporary directory.
+	DataDir string
+	// Flags are more `stopgate serve` flags.
+	Flags []string
+}
+
+// Stopgate is one `stopgate serve` process, driven as an operator and an
+// agent would: its proxy and its control API on loopback.
+type Stopgate struct {
+	t       testing.TB
+	bin     string
+	args    []string
+	env     []string
+	token   string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+
+	// Proxy, Control and Browser are the listeners' host:port.
+	Proxy, Control, Browser string
+	DataDir                 string
+}
+
+// Start starts an instance on free loopback ports and waits until its
+// control API answers; it is killed when the test ends.
+func Start(t testing.TB, bin string, cfg Config) *Stopgate {
+	t.Helper()
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
+	s := &Stopgate{
+		t: t, bin: bin, token: randomHex(16), DataDir: cfg.DataDir,
+		Proxy: freeAddr(t), Control: freeAddr(t), Browser: freeAddr(t),
+		logPath: filepath.Join(t.TempDir(), "serve.log"),
+	}
+	s.args = []string{"serve", "--proxy-addr", s.Proxy, "--control-addr", s.Control, "--browser-addr", s.Browser, "--data-dir", cfg.DataDir}
+	if cfg.Store != "" {
+		s.args = append(s.args, "--store", cfg.Store)
+	}
+	s.args = append(s.args, cfg.Flags...)
+	// The token is given through the environment, where both the current
+	// and the coming serve read it; loopback upstreams are allowed the same
+	// way (STOPGATE_ALLOW_DEST), which a serve without that flag ignores.
+	s.env = append(cleanEnv(), "STOPGATE_CONTROL_TOKEN="+s.token, "STOPGATE_ALLOW_DEST=127.0.0.1")
+	s.start()
+	t.Cleanup(s.Kill9)
+	return s
+}
+
+func (s *Stopgate) start() {
+	s.t.Helper()
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = s.env
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start stopgate serve: %v", err)
+	}
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func() { s.waitErr = cmd.Wait(); _ = logf.Close(); close(s.done) }()
+	hc := &http.Client{Timeout: 500 * time.Millisecond}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := hc.Get("http://" + s.Control + "/healthz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-s.done:
+			s.t.Fatalf("stopgate serve exited at start (%v):\n%s", s.waitErr, s.Log())
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	s.t.Fatalf("stopgate serve did not answer /healthz within 20s:\n%s", s.Log())
+}
+
+// Log is what the process wrote so far.
+func (s *Stopgate) Log() string {
+	b, _ := os.ReadFile(s.logPath)
+	return string(b)
+}
+
+// Kill9 ends the process as a crash would: no shutdown, no flush.
+func (s *Stopgate) Kill9() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	s.cmd = nil
+}
+
+// Restart starts the process again with the same flags, ports and data.
+func (s *Stopgate) Restart() {
+	s.t.Helper()
+	s.Kill9()
+	s.start()
+}
+
+// API is a control API client with the instance's operator token.
+func (s *Stopgate) API() *client.Client {
+	c, err := client.New("http://"+s.Control, client.Options{Token: s.token, Actor: "operator:evidence", HTTPClient: &http.Client{Timeout: 15 * time.Second}})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+// Audit reads a run's record through the control API.
+func (s *Stopgate) Audit(ctx context.Context, run string) (control.Audit, error) {
+	r, err := s.API().Audit(ctx, run)
+	return r.Value, err
+}
+
+// Agent is an HTTP client that uses the instance as its proxy under a run,
+// at the version the worker observed. Keep-alives are off: every request
+// is its own connection, as a crash test needs.
+func (s *Stopgate) Agent(run string, version int) *http.Client {
+	proxy := &url.URL{Scheme: "http", User: url.UserPassword(run, fmt.Sprint(version)), Host: s.Proxy}
+	return &http.Client{
+		Transport: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true},
+		Timeout:   20 * time.Second,
+	}
+}
+
+// Post sends one effect of run through the instance: a POST to
+// up/kind/RUN/KEY with Idempotency-Key KEY, and says what the client saw.
+func (s *Stopgate) Post(ctx context.Context, up *Upstream, kind, run, key string) Attempt {
+	a := Attempt{Run: run, Key: key, Started: time.Now()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/%s/%s/%s", up.URL(), kind, run, key), strings.NewReader("amount=1"))
+	if err != nil {
+		a.Err = err
+		return a
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := s.Agent(run, 1).Do(req)
+	if err != nil {
+		a.Err, a.Ended = err, time.Now()
+		return a
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	a.Ended = time.Now()
+	a.SetAnswer(resp, bytes.TrimSpace(body))
+	return a
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// cleanEnv is the environment without STOPGATE_* variables, so a
+// developer's own settings cannot change what the suite sees.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STOPGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
