@@ -1,7 +1,7 @@
 GO ?= go
 BIN := bin/stopgate
 
-.PHONY: build run test test-deps bench bench-micro soak fuzz load
+.PHONY: build run test test-deps bench bench-micro soak fuzz load evidence
 
 build:
 	$(GO) build -o $(BIN) ./cmd/proxy
@@ -61,3 +61,29 @@ fuzz:
 # with caps raised past the load (STOPGATE_LOAD_CONNS sets the count).
 load:
 	STOPGATE_LOAD=1 $(GO) test -count=1 -run TestLoadHeldConnections -v -timeout 20m ./cmd/proxy
+
+# The evidence, large: every injected failure repeated EVIDENCE_RUNS times
+# against real stopgate binaries, redis-server and upstreams, printed as one
+# table (make test runs 2 rounds of each); the linearizability check of both
+# stores over LIN_SEEDS histories, and the planted read-then-write guard it
+# must catch; the conformance suite on a three-master Redis Cluster and the
+# failover tests. Each part's output is kept in bin/evidence-*.txt.
+EVIDENCE_RUNS ?= 20
+LIN_SEEDS ?= 200
+evidence: test-deps
+	@mkdir -p bin
+	@rc=0; \
+	STOPGATE_EVIDENCE_RUNS=$(EVIDENCE_RUNS) STOPGATE_EVIDENCE_TABLE=$(CURDIR)/bin/evidence-table.txt \
+		$(GO) test -count=1 -timeout 60m -run '^TestEvidence$$' ./internal/evidence > bin/evidence-faults.txt 2>&1 || rc=1; \
+	STOPGATE_LIN_SEEDS=$(LIN_SEEDS) $(GO) test -count=1 -v -timeout 30m -run '^(TestLinearizable|TestReadThenWriteGuardIsCaught)$$' \
+		./state/lincheck ./state/filestore ./state/redisstore > bin/evidence-lincheck.txt 2>&1 || rc=1; \
+	$(GO) test -count=1 -v -timeout 10m -run '^(TestClusterOfThreeMasters|TestCancelReplicas.*|TestFailoverWithoutCancelReplicas.*)$$' \
+		./state/redisstore > bin/evidence-cluster.txt 2>&1 || rc=1; \
+	echo "== injected failures ($(EVIDENCE_RUNS) rounds each) =="; \
+	cat bin/evidence-table.txt 2>/dev/null || tail -40 bin/evidence-faults.txt; \
+	grep -E '^\s+evidence_test.go:[0-9]+: round' bin/evidence-faults.txt || true; \
+	echo; echo "== linearizability (porcupine, $(LIN_SEEDS) histories per store) =="; \
+	grep -hoE 'lincheck: .*' bin/evidence-lincheck.txt || tail -20 bin/evidence-lincheck.txt; \
+	echo; echo "== Redis Cluster (three masters) and failover =="; \
+	grep -hE '^(---|    ---) |replicas_test.go:[0-9]+: ' bin/evidence-cluster.txt | sed 's/^ *//' || tail -20 bin/evidence-cluster.txt; \
+	exit $$rc

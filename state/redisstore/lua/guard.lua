@@ -13,14 +13,17 @@ local owner, ttl, not_after, refuse = ARGV[12], tonumber(ARGV[13]), tonumber(ARG
 
 -- The fence comes before anything is read or written: a guard that Redis
 -- runs after its caller gave up (queued behind a paused server, say) must
--- leave no trace. The server's clock decides, not the caller's.
-if not_after and server_ms() > not_after then
+-- leave no trace. The server's clock decides, not the caller's. It is read
+-- once: the step's time is the time the fence was checked at, even if the
+-- server is stopped halfway through the script.
+local clock = server_ms()
+if not_after and clock > not_after then
   return cjson.encode({late = true})
 end
 local observed = tonumber(observed_s)
 
 local run = load_run()
-local now = now_ms(run)
+local now = now_ms(run, clock)
 if not run then
   if not auto then
     -- Nothing is written for a run nobody admitted.

@@ -53,10 +53,11 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Server time in ms, never earlier than the run's last step (field t), so the
--- audit log of a run reads in order even if the server clock steps back.
-local function now_ms(run)
-  local now = server_ms()
+-- Server time in ms (read now, or once by the caller as at), never earlier
+-- than the run's last step (field t), so the audit log of a run reads in
+-- order even if the server clock steps back.
+local function now_ms(run, at)
+  local now = at or server_ms()
   if run and run.t then
     local last = tonumber(run.t)
     if last and last > now then
