@@ -653,6 +653,8 @@ func caseDiskFull(t *testing.T, n int) []evidence.Round {
 		expect(&r, ok, "the store commits again once space is freed")
 		r.Recover = time.Since(freed)
 		if cancelErr != nil {
+			var apiErr *client.APIError
+			expect(&r, errors.As(cancelErr, &apiErr) && apiErr.StatusCode == 503, "a cancel the full disk cannot take is refused 503, got %v", cancelErr)
 			t.Logf("round %d: the cancel on the full disk was refused (%v); cancelling again", i, cancelErr)
 		}
 		ack, _ := cancelRun(t, a, run, reason)
@@ -697,9 +699,10 @@ func caseKillMidCommit(t *testing.T, n int) []evidence.Round {
 		acked := map[string]time.Time{}
 		reasons := map[string]string{}
 		var ackMu sync.Mutex
+		pauses := []time.Duration{time.Duration(20+rng.IntN(150)) * time.Millisecond, time.Duration(20+rng.IntN(150)) * time.Millisecond}
 		wg.Go(func() {
-			for _, run := range runs[:2] {
-				time.Sleep(time.Duration(20+rng.IntN(150)) * time.Millisecond)
+			for k, run := range runs[:2] {
+				time.Sleep(pauses[k])
 				drain := 30 * time.Second
 				reason := "stop " + run
 				if _, err := a.API().Cancel(ctx, run, client.CancelOptions{Reason: reason, Drain: &drain}); err == nil {
