@@ -63,6 +63,8 @@ type Row struct {
 	Recovery string
 	// Skipped, when set, says why the case did not run (never counted as a pass).
 	Skipped string
+	// Stopped: the case ended on a fatal error before its last round.
+	Stopped bool
 	Rounds  []Round
 }
 
@@ -105,7 +107,10 @@ func (t *Table) Render(w io.Writer) error {
 			problems += len(rd.Problems)
 		}
 		result := "ok"
-		if problems > 0 {
+		switch {
+		case r.Stopped:
+			result = fmt.Sprintf("FAIL (stopped in round %d)", len(r.Rounds))
+		case problems > 0:
 			result = fmt.Sprintf("FAIL (%d)", problems)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", i+1, r.Failure, len(r.Rounds), req, leaked, lost, unexplained, reconciled, spread(times), result)

@@ -64,7 +64,9 @@ type faultCase struct {
 	// todo, when set, says why the case is not written yet: it is printed
 	// in the table as NOT RUN and the test is skipped, never passed.
 	todo string
-	run  func(t *testing.T, n int) []evidence.Round
+	// run appends each round to out as it ends, so that a case stopped by
+	// a fatal error still shows the rounds it ran.
+	run func(t *testing.T, n int, out *[]evidence.Round)
 }
 
 // TestEvidence runs every fault case, fills the table and prints it (and
@@ -74,7 +76,7 @@ type faultCase struct {
 func TestEvidence(t *testing.T) {
 	cases := []faultCase{
 		{"KillMidPost", "stopgate killed -9 mid-POST; same Idempotency-Key retried on another instance", "kill -9 → the orphaned intent is UNKNOWN (lease expiry)", "", caseKillMidPost},
-		{"RedisKilledAfterCancel", "redis-server killed -9 right after an acknowledged cancel; restarted from its AOF", "redis restarted → first request forwarded again", "", caseRedisKilledAfterCancel},
+		{"RedisKilledAfterCancel", "redis-server killed -9 right after an acknowledged cancel; restarted from its AOF", "redis restarted → both instances forward requests again", "", caseRedisKilledAfterCancel},
 		{"RedisPaused", "redis-server paused (SIGSTOP) during a burst, then resumed", "SIGCONT → first request forwarded again", "", caseRedisPaused},
 		{"LostReplies", "replies lost on the wire after Redis ran the guard and the cancel scripts", "lost guard reply → its intent is UNKNOWN (lease expiry)", "", caseLostReplies},
 		{"PubSubSilent", "pub/sub connection silent: the cancel message never arrives", "cancel acknowledged → open tunnel and stream cut (re-check, 500ms interval)", "", casePubSubSilent},
@@ -96,6 +98,18 @@ func TestEvidence(t *testing.T) {
 			}
 			var rs []evidence.Round
 			var skip string
+			finished := false
+			defer func() {
+				if skip != "" {
+					return
+				}
+				table.Add(evidence.Row{Failure: c.failure, Recovery: c.recovery, Rounds: rs, Stopped: !finished})
+				for i, r := range rs {
+					for _, p := range r.Problems {
+						t.Errorf("round %d: %s", i, p)
+					}
+				}
+			}()
 			func() {
 				defer func() {
 					if v := recover(); v != nil {
@@ -106,18 +120,13 @@ func TestEvidence(t *testing.T) {
 						skip = string(s)
 					}
 				}()
-				rs = c.run(t, n)
+				c.run(t, n, &rs)
 			}()
 			if skip != "" {
 				table.Add(evidence.Row{Failure: c.failure, Skipped: skip})
 				t.Skip(skip)
 			}
-			table.Add(evidence.Row{Failure: c.failure, Recovery: c.recovery, Rounds: rs})
-			for i, r := range rs {
-				for _, p := range r.Problems {
-					t.Errorf("round %d: %s", i, p)
-				}
-			}
+			finished = true
 		})
 	}
 }
@@ -200,6 +209,30 @@ func audit(t *testing.T, sg *evidence.Stopgate, run string) control.Audit {
 		t.Fatalf("audit %s: %v", run, err)
 	}
 	return a
+}
+
+// past503 posts fresh keys of run through sg (keys RUN-tag-N) until the
+// answer is something other than 503 store_unavailable, or d passes, and
+// returns the last answer. Every attempt is logged and judged like any
+// other: an instance that is reconnecting to its store fails closed.
+func past503(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstream, log *attempts, run, tag string, d time.Duration) evidence.Attempt {
+	var at evidence.Attempt
+	k := 0
+	eventually(d, func() bool {
+		k++
+		at = log.add(sg.Post(ctx, up, "e", run, fmt.Sprintf("%s-%s-%d", run, tag, k)))
+		return at.Code != "store_unavailable"
+	})
+	return at
+}
+
+// retry503 calls open again while it fails with a 503 (an instance
+// reconnecting to its store fails closed), for at most 10s.
+func retry503(open func() error) {
+	eventually(10*time.Second, func() bool {
+		err := open()
+		return err == nil || !strings.Contains(err.Error(), "503")
+	})
 }
 
 // eventually polls cond until it holds or d passes, and says how long it took.
@@ -286,12 +319,11 @@ func flags(extra ...string) []string {
 	return append(strings.Fields(storeFlags), extra...)
 }
 
-func caseKillMidPost(t *testing.T, n int) []evidence.Round {
+func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -330,18 +362,16 @@ func caseKillMidPost(t *testing.T, n int) []evidence.Round {
 		final := settle(t, b, run, 5*time.Second)
 		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once its unknown is reconciled, got %s", final.Run.Status)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 		a.Restart()
 	}
-	return out
 }
 
-func caseRedisKilledAfterCancel(t *testing.T, n int) []evidence.Round {
+func caseRedisKilledAfterCancel(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -359,29 +389,29 @@ func caseRedisKilledAfterCancel(t *testing.T, n int) []evidence.Round {
 			expect(&r, at.Code == "store_unavailable", "with redis down: 503 store_unavailable, got %d %s", at.Status, at.Code)
 		}
 		redis.Restart()
-		k := 0
-		took, ok := eventually(15*time.Second, func() bool {
-			k++
-			return log.add(a.Post(ctx, up, "e", bystander, fmt.Sprintf("%s-up%d", bystander, k))).Status == 200
-		})
-		expect(&r, ok, "the bystander's requests are forwarded again after the restart")
-		r.Recover = took
+		restarted := time.Now()
+		// Each instance recovers on its own: until it has a live connection
+		// again, it answers 503 (fail closed). The victim is refused 409 by
+		// both once they answer at all.
 		for _, sg := range []*evidence.Stopgate{a, b} {
-			at := log.add(sg.Post(ctx, up, "e", victim, fmt.Sprintf("%s-late%s", victim, sg.Proxy)))
+			at := past503(ctx, sg, up, &log, bystander, "up-"+sg.Proxy, 15*time.Second)
+			expect(&r, at.Status == 200, "the bystander's requests are forwarded again after the restart, got %d %s", at.Status, at.Code)
+		}
+		r.Recover = time.Since(restarted)
+		for _, sg := range []*evidence.Stopgate{a, b} {
+			at := past503(ctx, sg, up, &log, victim, "late-"+sg.Proxy, 5*time.Second)
 			expect(&r, at.Code == state.RefusalRunNotActive, "the victim after the restart: 409 run_not_active, got %d %s", at.Status, at.Code)
 		}
 		audits := map[string]control.Audit{victim: settle(t, a, victim, 5*time.Second), bystander: settle(t, a, bystander, 5*time.Second)}
 		judge(&r, log.all(), hitsOf(up, victim, bystander), map[string]time.Time{victim: ack}, map[string]string{victim: reason}, audits)
-		out = append(out, r)
+		*out = append(*out, r)
 	}
-	return out
 }
 
-func caseRedisPaused(t *testing.T, n int) []evidence.Round {
+func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -444,12 +474,11 @@ func caseRedisPaused(t *testing.T, n int) []evidence.Round {
 		// up would be a late record, which Explain counts.
 		final := reconcile(t, a, up, run, &r)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 	}
-	return out
 }
 
-func caseLostReplies(t *testing.T, n int) []evidence.Round {
+func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	relay := startRelay(t, redis.Addr())
 	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags()})
@@ -459,7 +488,6 @@ func caseLostReplies(t *testing.T, n int) []evidence.Round {
 	admit(t, a, "warm")
 	a.Post(ctx, up, "e", "warm", "warm-0")
 	cancelRun(t, a, "warm", "warm up")
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		run, reason := fmt.Sprintf("lost-%d", i), "stop, reply lost"
@@ -503,12 +531,11 @@ func caseLostReplies(t *testing.T, n int) []evidence.Round {
 		final := settle(t, a, run, 5*time.Second)
 		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once reconciled, got %s", final.Run.Status)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 	}
-	return out
 }
 
-func casePubSubSilent(t *testing.T, n int) []evidence.Round {
+func casePubSubSilent(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	relay := startRelay(t, redis.Addr())
 	end := evidence.StartTunnelEnd(t)
@@ -519,18 +546,21 @@ func casePubSubSilent(t *testing.T, n int) []evidence.Round {
 	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags("--config", policy)})
 	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
 		run, reason := fmt.Sprintf("silent-%d", i), "stop while pub/sub is silent"
 		var log attempts
 		admit(t, b, run)
-		tunnel, err := openTunnel(a.Proxy, run, end.Addr())
+		// A's connections to Redis were cut at the end of the last round:
+		// it answers 503 until it has live ones again.
+		var tunnel, stream *conn
+		var err error
+		retry503(func() error { tunnel, err = openTunnel(a.Proxy, run, end.Addr()); return err })
 		if err != nil {
 			t.Fatalf("tunnel: %v", err)
 		}
-		stream, err := openStream(ctx, a, up, run, run+"-stream")
+		retry503(func() error { stream, err = openStream(ctx, a, up, run, run+"-stream"); return err })
 		if err != nil {
 			t.Fatalf("stream: %v", err)
 		}
@@ -553,14 +583,13 @@ func casePubSubSilent(t *testing.T, n int) []evidence.Round {
 		log.add(a.Post(ctx, up, "e", run, run+"-after"))
 		final := settle(t, b, run, 5*time.Second)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 		relay.Heal()
 		relay.CutAll()
 	}
-	return out
 }
 
-func caseThreeInstances(t *testing.T, n int) []evidence.Round {
+func caseThreeInstances(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
 	var sgs []*evidence.Stopgate
 	for range 3 {
@@ -568,7 +597,6 @@ func caseThreeInstances(t *testing.T, n int) []evidence.Round {
 	}
 	up := evidence.StartUpstream(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -612,15 +640,13 @@ func caseThreeInstances(t *testing.T, n int) []evidence.Round {
 		expect(&r, forwardedAfter == 0, "no request started after the cancel is forwarded, got %d", forwardedAfter)
 		final := settle(t, sgs[1], run, 5*time.Second)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 	}
-	return out
 }
 
-func caseDiskFull(t *testing.T, n int) []evidence.Round {
+func caseDiskFull(t *testing.T, n int, out *[]evidence.Round) {
 	mnt := mountTmpfs(t, "16m")
 	up := evidence.StartUpstream(t)
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -664,16 +690,14 @@ func caseDiskFull(t *testing.T, n int) []evidence.Round {
 		a.Restart()
 		final := reconcile(t, a, up, run, &r)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
-		out = append(out, r)
+		*out = append(*out, r)
 		a.Kill9()
 	}
-	return out
 }
 
-func caseKillMidCommit(t *testing.T, n int) []evidence.Round {
+func caseKillMidCommit(t *testing.T, n int, out *[]evidence.Round) {
 	up := evidence.StartUpstream(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 10))
-	var out []evidence.Round
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -733,10 +757,9 @@ func caseKillMidCommit(t *testing.T, n int) []evidence.Round {
 		}
 		judge(&r, log.all(), hitsOf(up, runs...), acked, reasons, audits)
 		ackMu.Unlock()
-		out = append(out, r)
+		*out = append(*out, r)
 		a.Kill9()
 	}
-	return out
 }
 
 // TODO(BrowserActionInFlight): once the browser guard's rework lands,

@@ -120,7 +120,7 @@ func openStream(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstrea
 	}
 	if resp.StatusCode != 200 {
 		resp.Body.Close()
-		return nil, fmt.Errorf("stream answered %d", resp.StatusCode)
+		return nil, fmt.Errorf("stream answered %d %s", resp.StatusCode, resp.Header.Get("X-Stopgate-Refusal"))
 	}
 	rd := bufio.NewReader(resp.Body)
 	if _, err := rd.ReadString('\n'); err != nil {
