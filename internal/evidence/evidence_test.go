@@ -82,7 +82,7 @@ func TestEvidence(t *testing.T) {
 		{"PubSubSilent", "pub/sub connection silent: the cancel message never arrives", "cancel acknowledged → open tunnel and stream cut (re-check, 500ms interval)", "", casePubSubSilent},
 		{"ThreeInstances", "three instances on one Redis: cancel through one, traffic through the others", "cancel acknowledged → stream on another instance cut", "", caseThreeInstances},
 		{"BrowserActionInFlight", "a browser action in flight when the cancel lands", "", "TODO: the browser guard is being reworked; the plan is at TODO(BrowserActionInFlight) in evidence_test.go", nil},
-		{"TransparentInFlight", "a transparent-mode connection in flight when the cancel lands", "", "TODO: transparent mode (--transparent-addr) is not in this tree yet; the plan is at TODO(TransparentInFlight) in evidence_test.go", nil},
+		{"TransparentInFlight", "a transparent-mode connection in flight when the cancel lands", "", "TODO: transparent mode landed just before this suite; the case is not written yet; the plan is at TODO(TransparentInFlight) in evidence_test.go", nil},
 		{"DiskFull", "disk full under the embedded store", "space freed → first request forwarded again", "", caseDiskFull},
 		{"KillMidCommit", "stopgate killed -9 mid-commit on the embedded store; the file reopened", "kill -9 → restarted instance answers", "", caseKillMidCommit},
 	}
@@ -772,12 +772,13 @@ func caseKillMidCommit(t *testing.T, n int, out *[]evidence.Round) {
 // upstream hit, the browser intents in the audit (the in-flight action
 // UNKNOWN or answered, never CANCELLED without a reason).
 //
-// TODO(TransparentInFlight): once --transparent-addr is in the tree, run an
-// unmodified client under `stopgate exec --run RUN --isolate` (root, its own
-// network namespace), hold a connection open to a loopback upstream through
-// the redirect, cancel, and judge as casePubSubSilent does: the connection
-// cut, no new connection reaching the upstream, the tunnel's intent in the
-// audit.
+// TODO(TransparentInFlight): in a network namespace of the test's own
+// (internal/netns, as cmd/proxy's transparent tests do), serve with
+// --transparent-addr and redirect a test uid (stopgate redirect install), hold
+// a connection of that uid open to a loopback upstream through the redirect
+// (a streamed GET and a pass-through TLS connection), cancel through another
+// instance, and judge as casePubSubSilent does: both cut, no new connection
+// of the run reaching the upstream, the intents in the audit.
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
