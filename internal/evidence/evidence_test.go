@@ -320,7 +320,7 @@ func flags(extra ...string) []string {
 }
 
 func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
-	redis := startRedis(t, true)
+	redis := startRedis(t, false)
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
@@ -409,7 +409,7 @@ func caseRedisKilledAfterCancel(t *testing.T, n int, out *[]evidence.Round) {
 }
 
 func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
-	redis := startRedis(t, true)
+	redis := startRedis(t, false)
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
 	for i := range n {
@@ -479,7 +479,7 @@ func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
 }
 
 func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
-	redis := startRedis(t, true)
+	redis := startRedis(t, false)
 	relay := startRelay(t, redis.Addr())
 	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags()})
 	up := evidence.StartUpstream(t)
@@ -536,7 +536,7 @@ func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
 }
 
 func casePubSubSilent(t *testing.T, n int, out *[]evidence.Round) {
-	redis := startRedis(t, true)
+	redis := startRedis(t, false)
 	relay := startRelay(t, redis.Addr())
 	end := evidence.StartTunnelEnd(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
@@ -590,7 +590,7 @@ func casePubSubSilent(t *testing.T, n int, out *[]evidence.Round) {
 }
 
 func caseThreeInstances(t *testing.T, n int, out *[]evidence.Round) {
-	redis := startRedis(t, true)
+	redis := startRedis(t, false)
 	var sgs []*evidence.Stopgate
 	for range 3 {
 		sgs = append(sgs, evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()}))

@@ -22,6 +22,9 @@ import (
 	"github.com/stopgate/stopgate/internal/redisserver"
 )
 
+// startRedis starts a redis-server; with fsyncAlways its AOF is fsynced on
+// every write, which the cases that kill Redis need (the others do without:
+// the fsyncs would only load the disk that other packages' tests share).
 func startRedis(t *testing.T, fsyncAlways bool) *redisserver.Server {
 	return redisserver.Start(t, redisserver.Options{AppendFsyncAlways: fsyncAlways})
 }
