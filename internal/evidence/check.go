@@ -195,6 +195,14 @@ func Explain(r *Round, a control.Audit, refused map[string]time.Time) {
 				bad("event %d (%s) names no intent", i, e.Kind)
 				continue
 			}
+			if e.To == "" {
+				// A note (a cut of an effect whose outcome is recorded)
+				// changes no state, and must say why.
+				if e.Reason == "" {
+					bad("%s of intent %s has no reason", e.Kind, e.Intent)
+				}
+				continue
+			}
 			if e.Kind == state.EventIntentAdmitted {
 				if cancelledAt >= 0 && intents[e.Intent].Boundary != state.BoundaryDelivery {
 					bad("intent %s admitted after the cancel committed", e.Intent)

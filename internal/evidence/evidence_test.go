@@ -184,31 +184,42 @@ func hitsOf(up *evidence.Upstream, runs ...string) map[string]int {
 	return out
 }
 
+// operator calls the control API as an operator would: a 503 (the store
+// did not answer in time, nothing was acknowledged) is tried again, for at
+// most 15s; anything else ends the test.
+func operator[T any](t *testing.T, what string, call func() (T, error)) T {
+	t.Helper()
+	var v T
+	var err error
+	eventually(15*time.Second, func() bool {
+		v, err = call()
+		var apiErr *client.APIError
+		return err == nil || !errors.As(err, &apiErr) || apiErr.StatusCode != 503
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
 func admit(t *testing.T, sg *evidence.Stopgate, run string) {
 	t.Helper()
-	if _, err := sg.API().Admit(tctx(t), run); err != nil {
-		t.Fatalf("admit %s: %v", run, err)
-	}
+	operator(t, "admit "+run, func() (client.Reply[state.Run], error) { return sg.API().Admit(tctx(t), run) })
 }
 
 // cancelRun cancels through sg and returns when the cancel was acknowledged.
 func cancelRun(t *testing.T, sg *evidence.Stopgate, run, reason string) (time.Time, control.CancelResponse) {
 	t.Helper()
 	drain := 30 * time.Second
-	res, err := sg.API().Cancel(tctx(t), run, client.CancelOptions{Reason: reason, Drain: &drain})
-	if err != nil {
-		t.Fatalf("cancel %s: %v", run, err)
-	}
+	res := operator(t, "cancel "+run, func() (client.Reply[control.CancelResponse], error) {
+		return sg.API().Cancel(tctx(t), run, client.CancelOptions{Reason: reason, Drain: &drain})
+	})
 	return time.Now(), res.Value
 }
 
 func audit(t *testing.T, sg *evidence.Stopgate, run string) control.Audit {
 	t.Helper()
-	a, err := sg.Audit(tctx(t), run)
-	if err != nil {
-		t.Fatalf("audit %s: %v", run, err)
-	}
-	return a
+	return operator(t, "audit "+run, func() (control.Audit, error) { return sg.Audit(tctx(t), run) })
 }
 
 // past503 posts fresh keys of run through sg (keys RUN-tag-N) until the
@@ -284,9 +295,7 @@ func reconcile(t *testing.T, sg *evidence.Stopgate, up *evidence.Upstream, run s
 			outcome = "applied"
 		}
 		req := control.ResolveRequest{Outcome: outcome, Source: "operator", Note: fmt.Sprintf("the provider counted it %d time(s)", hits)}
-		if _, err := sg.API().Resolve(tctx(t), run, in.Key, req); err != nil {
-			t.Fatalf("resolve %s/%s: %v", run, in.Key, err)
-		}
+		operator(t, "resolve "+run+"/"+in.Key, func() (client.Reply[state.Intent], error) { return sg.API().Resolve(tctx(t), run, in.Key, req) })
 		r.Reconciled++
 	}
 	return settle(t, sg, run, 5*time.Second)
@@ -313,7 +322,7 @@ func expect(r *evidence.Round, ok bool, format string, args ...any) {
 	}
 }
 
-const storeFlags = "--store-timeout=300ms --lease-ttl=1s --sweep-interval=100ms --recheck-interval=500ms"
+const storeFlags = "--store-timeout=500ms --lease-ttl=1500ms --sweep-interval=100ms --recheck-interval=500ms"
 
 func flags(extra ...string) []string {
 	return append(strings.Fields(storeFlags), extra...)
@@ -353,9 +362,9 @@ func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
 		expect(&r, ok, "the dead instance's intent turns UNKNOWN")
 		r.Recover = time.Since(killed)
 		log.add(b.Post(ctx, up, "e", run, key))
-		if _, err := b.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "applied", Source: "operator", Note: "the provider counted it once"}); err != nil {
-			t.Fatalf("resolve: %v", err)
-		}
+		operator(t, "resolve", func() (client.Reply[state.Intent], error) {
+			return b.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "applied", Source: "operator", Note: "the provider counted it once"})
+		})
 		r.Reconciled++
 		log.add(b.Post(ctx, up, "e", run, key))
 		expect(&r, up.Hits(key) == 1, "the key reached the upstream once, got %d", up.Hits(key))
@@ -514,19 +523,16 @@ func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
 		log.add(a.Post(ctx, up, "e", run, run+"-after"))
 
 		in := func() state.Intent {
-			v, err := a.API().Intent(ctx, run, key)
-			if err != nil {
-				t.Fatalf("intent: %v", err)
-			}
+			v := operator(t, "intent", func() (client.Reply[state.Intent], error) { return a.API().Intent(ctx, run, key) })
 			return v.Value
 		}
 		_, ok := eventually(10*time.Second, func() bool { return in().State == state.IntentUnknown })
 		expect(&r, ok, "the intent whose reply was lost turns UNKNOWN at its lease's end")
 		r.Recover = time.Since(lostAt)
 		expect(&r, in().Attempts == 1, "one intent, admitted once, under the key: got %d attempts", in().Attempts)
-		if _, err := a.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "not_applied", Source: "operator", Note: "the provider never saw it"}); err != nil {
-			t.Fatalf("resolve: %v", err)
-		}
+		operator(t, "resolve", func() (client.Reply[state.Intent], error) {
+			return a.API().Resolve(ctx, run, key, control.ResolveRequest{Outcome: "not_applied", Source: "operator", Note: "the provider never saw it"})
+		})
 		r.Reconciled++
 		final := settle(t, a, run, 5*time.Second)
 		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once reconciled, got %s", final.Run.Status)
