@@ -237,6 +237,19 @@ func past503(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstream, 
 	return at
 }
 
+// samePast503 posts key of run through sg, and again under the same key
+// while the answer is 503 store_unavailable (an instance slow to reach its
+// store fails closed; a worker retries), for at most 10s. Every attempt is
+// logged; the last is returned.
+func samePast503(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstream, log *attempts, run, key string) evidence.Attempt {
+	var at evidence.Attempt
+	eventually(10*time.Second, func() bool {
+		at = log.add(sg.Post(ctx, up, "e", run, key))
+		return at.Code != "store_unavailable"
+	})
+	return at
+}
+
 // retry503 calls open again while it fails with a 503 (an instance
 // reconnecting to its store fails closed), for at most 10s.
 func retry503(open func() error) {
@@ -350,7 +363,7 @@ func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
 		a.Kill9()
 		killed := time.Now()
 		log.add(<-first)
-		retry := log.add(b.Post(ctx, up, "e", run, key))
+		retry := samePast503(ctx, b, up, &log, run, key)
 		expect(&r, retry.Code == state.RefusalInProgress, "the retry on the other instance is refused intent_in_progress, got %d %s", retry.Status, retry.Code)
 		ack, _ := cancelRun(t, b, run, reason)
 		log.add(b.Post(ctx, up, "e", run, key))
@@ -475,7 +488,7 @@ func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
 			}
 		}
 		ack, _ := cancelRun(t, a, run, reason)
-		after := log.add(a.Post(ctx, up, "e", run, run+"-after"))
+		after := samePast503(ctx, a, up, &log, run, run+"-after")
 		expect(&r, after.Code == state.RefusalRunNotActive, "after the cancel: 409, got %d %s", after.Status, after.Code)
 		// A guard whose reply was held in the paused server's buffer ran in
 		// time, but its caller had answered 503: its lease expires into
@@ -509,7 +522,7 @@ func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
 		first := log.add(a.Post(ctx, up, "e", run, key))
 		expect(&r, isClosed(fired), "the relay lost the guard's reply")
 		expect(&r, first.Code == "store_unavailable", "the guard whose reply was lost: 503, got %d %s", first.Status, first.Code)
-		again := log.add(a.Post(ctx, up, "e", run, key))
+		again := samePast503(ctx, a, up, &log, run, key)
 		expect(&r, again.Code == state.RefusalInProgress, "the retry finds the key admitted once (intent_in_progress), got %d %s", again.Status, again.Code)
 
 		fired = relay.DropNextReply("evalsha", "sg:cancels", run)
@@ -756,7 +769,7 @@ func caseKillMidCommit(t *testing.T, n int, out *[]evidence.Round) {
 		for _, run := range runs {
 			audits[run] = reconcile(t, a, up, run, &r)
 			if _, ok := acked[run]; ok {
-				at := log.add(a.Post(ctx, up, "e", run, run+"-after"))
+				at := samePast503(ctx, a, up, &log, run, run+"-after")
 				expect(&r, at.Code == state.RefusalRunNotActive, "a cancelled run after the restart: 409, got %d %s", at.Status, at.Code)
 				audits[run] = audit(t, a, run)
 			}
