@@ -73,6 +73,8 @@ type serveConfig struct {
 	RecheckInterval time.Duration
 	// SweepInterval: how often live runs are ticked (lease expiry, drain).
 	SweepInterval time.Duration
+	// CancelReplicas makes a Redis cancel wait for that many replicas.
+	CancelReplicas int
 	// Retention is how long the intents and events of a finished run are
 	// kept; zero keeps them forever. Rows (tombstones) are never removed.
 	Retention time.Duration
@@ -117,7 +119,7 @@ func (c serveConfig) logger(w io.Writer) *slog.Logger {
 
 // storeConfig is the store serve opens.
 func (c serveConfig) storeConfig() stores.Config {
-	return stores.Config{URL: c.Store, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout}
+	return stores.Config{URL: c.Store, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
 }
 
 // newServeFlags defines serve's flags, with their defaults, on a fresh set.
@@ -158,6 +160,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.RecheckInterval}, "recheck-interval", "`duration` between re-reads of the rows of runs with open connections")
 	cfg.SweepInterval = time.Second
 	fs.Var(durationValue{&cfg.SweepInterval}, "sweep-interval", "`duration` between ticks of live runs (lease expiry, drain deadlines)")
+	fs.IntVar(&cfg.CancelReplicas, "cancel-replicas", 0, "with a Redis store: a cancel is acknowledged only once this many replicas have it (Redis WAIT), so a failover cannot lose it; 0: the primary's word (docs/durability.md)")
 	cfg.Retention = 7 * 24 * time.Hour
 	fs.Var(durationValue{&cfg.Retention}, "retention", "`duration` the intents and events of a finished (CANCELLED, COMPLETED) run are kept; 0 keeps them forever; the run rows always stay")
 	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
@@ -261,6 +264,12 @@ func (c *serveConfig) validate(source map[string]string) error {
 	// until one is asked for, and the launch then says what is missing.
 	if c.Chromium == "" {
 		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
+	}
+	if c.CancelReplicas < 0 {
+		return bad("cancel-replicas", "%d is negative; want the number of replicas a cancel waits for (0: none)", c.CancelReplicas)
+	}
+	if c.CancelReplicas > 0 && c.Store == "" {
+		return bad("cancel-replicas", "%d needs a Redis --store: the embedded store has no replicas", c.CancelReplicas)
 	}
 	if err := stores.Check(c.storeConfig()); err != nil {
 		name := "store"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -70,4 +71,23 @@ func hasHeading(t *testing.T, path, anchor string) bool {
 		}
 	}
 	return false
+}
+
+// TestEveryServeFlagIsDocumented: each flag serve takes has its row in
+// docs/cli.md, under the name and variable it is read from.
+func TestEveryServeFlagIsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	fs, _ := newServeFlags()
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(page, "`--"+f.Name) {
+			t.Errorf("docs/cli.md has no row for --%s", f.Name)
+		}
+		if !strings.Contains(page, envName(f.Name)) {
+			t.Errorf("docs/cli.md does not name %s, the variable of --%s", envName(f.Name), f.Name)
+		}
+	})
 }

@@ -38,7 +38,10 @@ type Config struct {
 	RequireDurable bool
 	// OpTimeout bounds each Redis operation (redisstore's default when zero).
 	OpTimeout time.Duration
-	Logger    *slog.Logger
+	// CancelReplicas makes a Redis cancel wait until that many replicas
+	// have it (WAIT) before it is acknowledged; 0: the primary's word.
+	CancelReplicas int
+	Logger         *slog.Logger
 }
 
 // Opened is an open store and what is known of it.
@@ -70,9 +73,15 @@ func Redact(url string) string { return redisstore.Redact(url) }
 // Check reports what is wrong with cfg without opening anything. Its
 // errors wrap state.ErrInvalid and never show a password.
 func Check(cfg Config) error {
+	if cfg.CancelReplicas < 0 {
+		return fmt.Errorf("%w: cancel replicas %d is negative", state.ErrInvalid, cfg.CancelReplicas)
+	}
 	if cfg.URL == "" {
 		if cfg.DataDir == "" {
 			return fmt.Errorf("%w: no store URL and no data directory for the embedded store", state.ErrInvalid)
+		}
+		if cfg.CancelReplicas > 0 {
+			return fmt.Errorf("%w: cancel replicas %d: the embedded store has no replicas (it needs a Redis store URL)", state.ErrInvalid, cfg.CancelReplicas)
 		}
 		return nil
 	}
@@ -138,7 +147,7 @@ func openEmbedded(cfg Config) (Opened, error) {
 
 func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 	where := Redact(cfg.URL)
-	s, err := redisstore.Open(ctx, cfg.URL, redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout})
+	s, err := redisstore.Open(ctx, cfg.URL, redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout, CancelReplicas: cfg.CancelReplicas})
 	if err != nil {
 		if errors.Is(err, state.ErrInvalid) {
 			return Opened{}, err

@@ -111,3 +111,27 @@ func TestEmbeddedIsTheDefault(t *testing.T) {
 		t.Fatalf("opened %+v", o)
 	}
 }
+
+// TestCancelReplicasNeedsReplicas: waiting for replicas is a Redis
+// setting; a negative count, or any with the embedded store, is refused
+// before anything is opened.
+func TestCancelReplicasNeedsReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  stores.Config
+		says string
+	}{
+		{"negative", stores.Config{URL: "redis://127.0.0.1:6379/0", CancelReplicas: -1}, "negative"},
+		{"embedded", stores.Config{DataDir: t.TempDir(), CancelReplicas: 1}, "no replicas"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := stores.Check(tc.cfg)
+			if !errors.Is(err, state.ErrInvalid) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Check = %v, want an ErrInvalid saying %q", err, tc.says)
+			}
+		})
+	}
+	if err := stores.Check(stores.Config{URL: "redis://127.0.0.1:6379/0", CancelReplicas: 1}); err != nil {
+		t.Fatalf("Check of a Redis store waiting for 1 replica = %v", err)
+	}
+}
