@@ -270,12 +270,9 @@ func (c *cli) printJSON(body []byte) {
 	fmt.Fprintf(c.stdout, "%s\n", body)
 }
 
-func (c *cli) admit(ctx context.Context, args []string) error {
-	cl, o, pos, err := c.parseVerb("admit", args, "RUN")
-	if err != nil {
-		return err
-	}
-	reply, err := cl.Admit(ctx, pos[0])
+// show prints what the API answered: with --json its body as it came, else
+// the human form.
+func show[T any](c *cli, o *verbOpts, reply client.Reply[T], err error, human func(io.Writer, T)) error {
 	if err != nil {
 		return err
 	}
@@ -283,13 +280,23 @@ func (c *cli) admit(ctx context.Context, args []string) error {
 		c.printJSON(reply.Body)
 		return nil
 	}
-	run := reply.Value
-	if reply.StatusCode == http.StatusCreated {
-		fmt.Fprintf(c.stdout, "admitted %s: %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
-	} else {
-		fmt.Fprintf(c.stdout, "%s was already %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
-	}
+	human(c.stdout, reply.Value)
 	return nil
+}
+
+func (c *cli) admit(ctx context.Context, args []string) error {
+	cl, o, pos, err := c.parseVerb("admit", args, "RUN")
+	if err != nil {
+		return err
+	}
+	reply, err := cl.Admit(ctx, pos[0])
+	return show(c, o, reply, err, func(w io.Writer, run state.Run) {
+		if reply.StatusCode == http.StatusCreated {
+			fmt.Fprintf(w, "admitted %s: %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
+		} else {
+			fmt.Fprintf(w, "%s was already %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
+		}
+	})
 }
 
 func (c *cli) cancel(ctx context.Context, args []string) error {
@@ -373,15 +380,9 @@ func (c *cli) complete(ctx context.Context, args []string) error {
 		version = cur.Value.CancelVersion
 	}
 	reply, err := cl.Complete(ctx, pos[0], version, o.reason)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	fmt.Fprintf(c.stdout, "completed %s at cancel_version %d\n", safe(reply.Value.ID), reply.Value.CancelVersion)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, run state.Run) {
+		fmt.Fprintf(w, "completed %s at cancel_version %d\n", safe(run.ID), run.CancelVersion)
+	})
 }
 
 func (c *cli) status(ctx context.Context, args []string) error {
@@ -390,15 +391,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		return err
 	}
 	reply, err := cl.Run(ctx, pos[0])
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	printRun(c.stdout, reply.Value)
-	return nil
+	return show(c, o, reply, err, printRun)
 }
 
 func (c *cli) runs(ctx context.Context, args []string) error {
@@ -413,15 +406,7 @@ func (c *cli) runs(ctx context.Context, args []string) error {
 		}
 	}
 	reply, err := cl.Runs(ctx, status)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	printRuns(c.stdout, reply.Value.Runs)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, list control.RunList) { printRuns(w, list.Runs) })
 }
 
 func (c *cli) audit(ctx context.Context, args []string) error {
@@ -430,15 +415,7 @@ func (c *cli) audit(ctx context.Context, args []string) error {
 		return err
 	}
 	reply, err := cl.Audit(ctx, pos[0])
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	printAudit(c.stdout, reply.Value)
-	return nil
+	return show(c, o, reply, err, printAudit)
 }
 
 func (c *cli) resolve(ctx context.Context, args []string) error {
@@ -454,17 +431,10 @@ func (c *cli) resolve(ctx context.Context, args []string) error {
 		outcome = control.OutcomeApplied
 	}
 	reply, err := cl.Resolve(ctx, pos[0], pos[1], control.ResolveRequest{Outcome: outcome, Source: o.source, Note: o.note})
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	in := reply.Value
-	fmt.Fprintf(c.stdout, "recorded %s of %s as %s (source %s)\n", safe(in.Key), safe(in.RunID), in.State, safe(in.Source))
-	printIntent(c.stdout, in)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, in state.Intent) {
+		fmt.Fprintf(w, "recorded %s of %s as %s (source %s)\n", safe(in.Key), safe(in.RunID), in.State, safe(in.Source))
+		printIntent(w, in)
+	})
 }
 
 // ca prints the MITM CA certificate exactly as served, so that
@@ -493,18 +463,12 @@ func (c *cli) claim(ctx context.Context, args []string) error {
 		req.LeaseTTL = &ttl
 	}
 	reply, err := cl.Claim(ctx, pos[0], req)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	in := reply.Value.Intent
-	fmt.Fprintf(c.stdout, "claimed %s of %s: attempt %d, leased to %s until %s\n",
-		safe(pos[1]), safe(in.RunID), in.Attempts, safe(in.LeaseOwner), fmtTime(in.LeaseExpires))
-	printIntent(c.stdout, in)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, g control.GuardResponse) {
+		in := g.Intent
+		fmt.Fprintf(w, "claimed %s of %s: attempt %d, leased to %s until %s\n",
+			safe(pos[1]), safe(in.RunID), in.Attempts, safe(in.LeaseOwner), fmtTime(in.LeaseExpires))
+		printIntent(w, in)
+	})
 }
 
 func (c *cli) retry(ctx context.Context, args []string) error {
@@ -524,18 +488,12 @@ func (c *cli) retry(ctx context.Context, args []string) error {
 		return usagef("retry", "--at %q: want an RFC 3339 time such as 2026-01-02T10:00:00Z", o.at)
 	}
 	reply, err := cl.Retry(ctx, pos[0], control.RetryRequest{StepID: pos[1], Attempt: attempt, NotBefore: at.Format(time.RFC3339Nano), CancelVersion: o.version})
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	in := reply.Value.Intent
-	fmt.Fprintf(c.stdout, "scheduled attempt %d of %s of %s at %s; a cancel revokes it until then\n",
-		attempt, safe(pos[1]), safe(in.RunID), fmtTime(in.NotBefore))
-	printIntent(c.stdout, in)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, g control.GuardResponse) {
+		in := g.Intent
+		fmt.Fprintf(w, "scheduled attempt %d of %s of %s at %s; a cancel revokes it until then\n",
+			attempt, safe(pos[1]), safe(in.RunID), fmtTime(in.NotBefore))
+		printIntent(w, in)
+	})
 }
 
 // browser asks stopgate serve for the run's guarded browser and prints its
@@ -553,21 +511,15 @@ func (c *cli) browser(ctx context.Context, args []string) error {
 		return usagef("browser", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 	}
 	reply, err := cl.Browser(ctx, o.run, control.BrowserRequest{CancelVersion: o.version})
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	fmt.Fprintln(c.stdout, reply.Value.WSURL)
-	how := "launched"
-	if !reply.Value.Created {
-		how = "already running (recorded as an attach)"
-	}
-	fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; once the run is over it refuses actions and stops after serve's --browser-linger. Every action is checked against cancel_version %d.\n",
-		safe(reply.Value.RunID), how, reply.Value.CancelVersion)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, b control.BrowserResponse) {
+		fmt.Fprintln(w, b.WSURL)
+		how := "launched"
+		if !b.Created {
+			how = "already running (recorded as an attach)"
+		}
+		fmt.Fprintf(c.stderr, "browser of %s %s in stopgate serve; once the run is over it refuses actions and stops after serve's --browser-linger. Every action is checked against cancel_version %d.\n",
+			safe(b.RunID), how, b.CancelVersion)
+	})
 }
 
 // runToken prints a signed run token alone on one line, so that
@@ -583,13 +535,5 @@ func (c *cli) runToken(ctx context.Context, args []string) error {
 		req.TTL = &ttl
 	}
 	reply, err := cl.Token(ctx, pos[0], req)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		c.printJSON(reply.Body)
-		return nil
-	}
-	fmt.Fprintln(c.stdout, reply.Value.Token)
-	return nil
+	return show(c, o, reply, err, func(w io.Writer, t control.TokenResponse) { fmt.Fprintln(w, t.Token) })
 }
