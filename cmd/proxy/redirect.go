@@ -27,7 +27,7 @@ func (c *cli) redirectFlags() (*flag.FlagSet, *redirectOpts) {
 	fs.Int64Var(&o.uid, "uid", -1, "the user whose TCP connections are redirected (required)")
 	fs.IntVar(&o.port, "port", 0, "install: the transparent listener's port (default: asked of --control, GET /v1/endpoints)")
 	fs.StringVar(&o.control, "control", "", "control API URL, to learn the port (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default $STOPGATE_TOKEN)")
+	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
 	return fs, o
 }
 
