@@ -3,6 +3,7 @@ package intents_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -299,5 +300,77 @@ func TestSweeperPrunesFinishedRunsPastRetention(t *testing.T) {
 	}
 	if ins, _ := s.Intents(ctx, "live"); len(ins) != 1 {
 		t.Fatalf("the ACTIVE run's intents were pruned: %+v", ins)
+	}
+}
+
+// outage is a real store whose reads a test can cut off, as a store that
+// stops answering for a while: the sweeper's view of runs then fails.
+type outage struct {
+	state.Store
+	down atomic.Bool
+}
+
+func (o *outage) err() error { return fmt.Errorf("test outage: %w", state.ErrUnavailable) }
+
+func (o *outage) Get(ctx context.Context, id string) (state.Run, error) {
+	if o.down.Load() {
+		return state.Run{}, o.err()
+	}
+	return o.Store.Get(ctx, id)
+}
+
+func (o *outage) Tick(ctx context.Context, req state.TickRequest) (state.Run, error) {
+	if o.down.Load() {
+		return state.Run{}, o.err()
+	}
+	return o.Store.Tick(ctx, req)
+}
+
+func (o *outage) DrainingRuns(ctx context.Context) ([]string, error) {
+	if o.down.Load() {
+		return nil, o.err()
+	}
+	return o.Store.DrainingRuns(ctx)
+}
+
+func (o *outage) ActiveRuns(ctx context.Context, after string, limit int) ([]string, error) {
+	if o.down.Load() {
+		return nil, o.err()
+	}
+	return o.Store.ActiveRuns(ctx, after, limit)
+}
+
+func TestSweeperTellsADrainOnceEvenIfItSettledDuringAStoreOutage(t *testing.T) {
+	real := newStore(t)
+	s := &outage{Store: real}
+	ctx := context.Background()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "w", LeaseTTL: time.Minute, Actor: "w"})
+	if err != nil || !g.Admitted {
+		t.Fatalf("guard: %+v %v", g, err)
+	}
+	if _, err := s.Cancel(ctx, state.CancelRequest{RunID: "r", Actor: "op", DrainTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var drained []state.Run
+	sw := &intents.Sweeper{Store: s, Actor: "sweeper:test", Drained: func(r state.Run) { drained = append(drained, r) }}
+	sw.Sweep(ctx) // sees r CANCELLING
+
+	// The run settles while the sweeper cannot read the store.
+	s.down.Store(true)
+	if _, err := real.Finish(ctx, state.FinishRequest{RunID: "r", Key: "k", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	sw.Sweep(ctx)
+	if len(drained) != 0 {
+		t.Fatalf("a sweep that could read nothing told of drains: %+v", drained)
+	}
+	s.down.Store(false)
+	sw.Sweep(ctx)
+	sw.Sweep(ctx)
+	if len(drained) != 1 || drained[0].ID != "r" || drained[0].Status != state.StatusCancelled {
+		t.Fatalf("drains told after the outage: %+v, want r CANCELLED once", drained)
 	}
 }

@@ -54,8 +54,8 @@ type Sweeper struct {
 	// zero).
 	PruneLimit int
 
-	// Drained, if set, is told of every run this sweeper saw CANCELLING
-	// and then saw leave it (CANCELLED or UNKNOWN), whoever moved it on,
+	// Drained, if set, is told of every run this sweeper saw CANCELLING,
+	// or was told of by Watch, and then saw leave it (CANCELLED or UNKNOWN), whoever moved it on,
 	// once: the operator's measure of how long drains take.
 	Drained func(run state.Run)
 
@@ -116,9 +116,24 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 	s.prune(ctx)
 }
 
+// Watch follows run to the end of its drain: Drained is told when it has
+// left CANCELLING, however fast that was. The cancel broadcast calls it,
+// so that a drain shorter than a sweep's interval (the last outcome came
+// in before the next sweep) is not missed.
+func (s *Sweeper) Watch(run string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancelling == nil {
+		s.cancelling = map[string]struct{}{}
+	}
+	s.cancelling[run] = struct{}{}
+}
+
 // noteDrains tells Drained of the runs that left CANCELLING since the last
 // sweep: by this sweep's tick, or elsewhere (the last outcome of a run
-// settles it in the same step), then read once more.
+// settles it in the same step), then read once more. A run whose row could
+// not be read this time (a tick or a read that failed) stays watched, so a
+// passing store error does not lose its drain.
 func (s *Sweeper) noteDrains(ctx context.Context, ticked map[string]state.Run) {
 	if s.Drained == nil {
 		return
@@ -132,19 +147,32 @@ func (s *Sweeper) noteDrains(ctx context.Context, ticked map[string]state.Run) {
 		}
 	}
 	s.mu.Unlock()
+	var watch []string
 	for id := range was {
 		row, ok := ticked[id]
 		if !ok {
 			var err error
 			row, err = storeCall(ctx, s.StoreTimeout, func(ctx context.Context) (state.Run, error) { return s.Store.Get(ctx, id) })
 			if err != nil {
+				if !errors.Is(err, state.ErrNotFound) {
+					watch = append(watch, id)
+				}
 				continue
 			}
 		}
-		if row.Status != state.StatusCancelling && row.Status != state.StatusActive {
+		switch row.Status {
+		case state.StatusCancelling:
+			watch = append(watch, id)
+		case state.StatusActive:
+		default:
 			s.Drained(row)
 		}
 	}
+	s.mu.Lock()
+	for _, id := range watch {
+		s.cancelling[id] = struct{}{}
+	}
+	s.mu.Unlock()
 }
 
 // page reads the next page of ACTIVE runs and moves the walk on.

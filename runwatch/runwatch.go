@@ -43,6 +43,10 @@ type Options struct {
 	// StoreTimeout bounds each read (state.DefaultTimeout when zero).
 	StoreTimeout time.Duration
 	Logger       *slog.Logger
+	// Heard, if set, is told of every run the cancel broadcast names, held
+	// here or not (the sweeper follows each cancel to its end with it).
+	// It is called from the watcher's goroutine and must not block.
+	Heard func(run string)
 }
 
 // Watcher is the process's one watch on runs. Add every Holder before Run.
@@ -51,6 +55,7 @@ type Watcher struct {
 	interval time.Duration
 	timeout  time.Duration
 	log      *slog.Logger
+	heard    func(run string)
 
 	mu      sync.Mutex
 	holders []Holder
@@ -70,7 +75,7 @@ func New(store state.Store, opts Options) *Watcher {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Watcher{store: store, interval: opts.Interval, timeout: opts.StoreTimeout, log: opts.Logger, deadlines: map[string]*time.Timer{}}
+	return &Watcher{store: store, interval: opts.Interval, timeout: opts.StoreTimeout, log: opts.Logger, heard: opts.Heard, deadlines: map[string]*time.Timer{}}
 }
 
 // Add registers a holder.
@@ -96,6 +101,9 @@ func (w *Watcher) Run(ctx context.Context) {
 			if !ok {
 				cancels = nil
 				continue
+			}
+			if w.heard != nil {
+				w.heard(run)
 			}
 			if w.held(run) {
 				w.Check(ctx, run)

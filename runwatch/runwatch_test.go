@@ -2,6 +2,7 @@ package runwatch_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -157,4 +158,42 @@ func TestObserveHandsARowOver(t *testing.T) {
 	if r, ok := h.last("o"); !ok || r.CancelVersion != 2 || h.count("not-held") != 0 {
 		t.Fatalf("observed rows handed over: %+v", h.got)
 	}
+}
+
+// TestHeardIsToldOfEveryCancelHeldOrNot: the broadcast names every
+// cancelled run to Heard, also those nothing here holds (the sweeper
+// follows each to the end of its drain).
+func TestHeardIsToldOfEveryCancelHeldOrNot(t *testing.T) {
+	store := testkit.FileStore(t)
+	var mu sync.Mutex
+	heard := map[string]bool{}
+	w := runwatch.New(store, runwatch.Options{Interval: time.Hour, Logger: testkit.Logger(), Heard: func(run string) {
+		mu.Lock()
+		defer mu.Unlock()
+		heard[run] = true
+	}})
+	held := &holder{}
+	w.Add(held)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	// A cancel made before the subscription is not broadcast to it: each
+	// try cancels runs never seen before (tombstones, each broadcast).
+	try := 0
+	testkit.Eventually(t, 5*time.Second, "a held and a free cancel heard", func() bool {
+		try++
+		h, f := fmt.Sprintf("held-%d", try), fmt.Sprintf("free-%d", try)
+		held.mu.Lock()
+		held.runs = append(held.runs, h)
+		held.mu.Unlock()
+		for _, run := range []string{h, f} {
+			if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: run, Actor: "t"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		return heard[h] && heard[f]
+	})
 }

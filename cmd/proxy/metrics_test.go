@@ -64,6 +64,12 @@ func TestMetricsMoveWithTheirEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startServe(t, "--data-dir", t.TempDir(), "--config", policy, "--sweep-interval", "100ms", "--recheck-interval", "100ms")
+	t.Cleanup(func() {
+		if t.Failed() {
+			log := s.log()
+			t.Logf("serve log (last 8 KiB):\n%s", log[max(0, len(log)-8<<10):])
+		}
+	})
 	before := s.scrape(t)
 	s.must(t, 0, "admit", "m1")
 

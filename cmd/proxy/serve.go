@@ -90,6 +90,8 @@ type instance struct {
 	pol      policy.Policy
 	lns      *listeners
 	watcher  *runwatch.Watcher
+	// sweeper ticks draining runs; the watch tells it of every cancel.
+	sweeper  *intents.Sweeper
 	ledger   *intents.Ledger
 	egress   *proxy.Proxy
 	launcher *browserguard.Launcher
@@ -147,7 +149,13 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
 		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
-	inst.watcher = runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "watch")})
+	inst.sweeper = &intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout,
+		Retention: cfg.Retention, Logger: log.With("component", "sweeper"),
+		Drained: func(run state.Run) {
+			tel.Metrics().Drained(string(run.Status), run.UpdatedAt.Sub(run.CancelledAt))
+		}}
+	inst.watcher = runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout,
+		Logger: log.With("component", "watch"), Heard: inst.sweeper.Watch})
 
 	// Every listener is taken before anything serves, so that a taken port
 	// fails the start with the flag named.
@@ -227,11 +235,7 @@ func (inst *instance) run(ctx context.Context) error {
 	cfg, log := inst.cfg, inst.log
 	store := inst.measured
 	loops, stopLoops := startLoops(ctx, inst.watcher, inst.ledger,
-		&intents.Sweeper{Store: store, Interval: cfg.SweepInterval, Actor: "sweeper:" + inst.owner, StoreTimeout: cfg.StoreTimeout,
-			Retention: cfg.Retention, Logger: log.With("component", "sweeper"),
-			Drained: func(run state.Run) {
-				inst.tel.Metrics().Drained(string(run.Status), run.UpdatedAt.Sub(run.CancelledAt))
-			}},
+		inst.sweeper,
 		&intents.Reconciler{Store: store, Lookups: inst.pol.Lookups, Actor: "reconciler:" + inst.owner, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "reconciler")},
 	)
 	servers := newServers(log)
