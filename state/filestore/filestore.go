@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -82,6 +83,11 @@ type Store struct {
 	// w is the group commit (update).
 	w writer
 
+	// failed is the error of the last commit if it failed (a full disk, a
+	// read-only or failing file system), until one succeeds: Ping.
+	failMu sync.Mutex
+	failed error
+
 	mu     sync.Mutex
 	closed bool
 	subs   map[chan string]func() bool // subscriber → stops its context watch
@@ -113,18 +119,15 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("filestore: creating the directory of data file %s: %w", path, err)
 	}
+	removeStaleCreations(path)
+	if created {
+		if err := create(path, existing, opts.Timeout); err != nil {
+			return nil, fmt.Errorf("filestore: creating data file %s: %w", path, err)
+		}
+	}
 	db, err := openBolt(path, opts.Timeout)
 	if err != nil {
 		return nil, err
-	}
-	if created {
-		// bbolt fsyncs the file, not the directory entries that name it: a
-		// cancel acknowledged just after the first start must not vanish
-		// with a directory entry lost in a power cut.
-		if err := syncDirs(filepath.Dir(path), existing); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("filestore: creating data file %s: %w", path, err)
-		}
 	}
 	s := &Store{
 		db:   db,
@@ -134,6 +137,57 @@ func Open(path string, opts Options) (*Store, error) {
 		subs: make(map[chan string]func() bool),
 	}
 	return s, nil
+}
+
+// creating is the suffix of a data file being created, before it takes
+// its name.
+const creating = ".creating-"
+
+// create makes a new, initialized data file at path, atomically: it is
+// built and fsynced under a temporary name in the same directory, then
+// linked to its name, and the directories are fsynced. A first start that
+// fails half-way (a full disk, a crash) leaves no file at path, so it never
+// blocks a later start; the temporary file is removed (or, after a crash,
+// by a later Open). A link never replaces a file: if another process
+// created path meanwhile, its file is the one used.
+func create(path, existing string, timeout time.Duration) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+creating+"*")
+	if err != nil {
+		return err
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	db, err := openBolt(name, timeout)
+	if err != nil {
+		return err
+	}
+	// bbolt fsynced the pages it wrote; close, and the file is whole.
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(name, path); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("naming the new file: %w", err)
+	}
+	// bbolt fsyncs the file, not the directory entries that name it: a
+	// cancel acknowledged just after the first start must not vanish with a
+	// directory entry lost in a power cut.
+	return syncDirs(dir, existing)
+}
+
+// removeStaleCreations removes what creations that never finished (the
+// process died between the temporary file and its name) left beside path.
+// Only old ones: a younger one may be another process's creation under way.
+func removeStaleCreations(path string) {
+	stale, _ := filepath.Glob(path + creating + "*")
+	for _, name := range stale {
+		if fi, err := os.Stat(name); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+			_ = os.Remove(name)
+		}
+	}
 }
 
 // syncDirs fsyncs dir and each parent up to and including top.
@@ -282,14 +336,50 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Ping reports whether the file still answers a read transaction.
+// stRdonly is ST_RDONLY of statfs(2): the file system is mounted
+// read-only (or was made so, after an error).
+const stRdonly = 0x1
+
+// minFree is the free space below which the store says it cannot write:
+// a commit writes a few pages, a file that grows asks for more.
+const minFree = 256 << 10
+
+// Ping reports whether the store can take writes: the data file's file
+// system is writable and has room, no commit has failed since the last
+// that succeeded, and a write transaction commits now. A store that can
+// still be read but not written is as good as down for the guard, and
+// readiness must say so before a request finds out.
 func (s *Store) Ping(ctx context.Context) error {
-	return s.view(ctx, "ping", func(tx *bolt.Tx) error {
-		if tx.Bucket([]byte(bucketRuns)) == nil {
-			return fmt.Errorf("%w: data file %s has no runs bucket", state.ErrUnavailable, s.path)
-		}
-		return nil
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(s.path), &fs); err != nil {
+		return fmt.Errorf("filestore: ping: %w: data file %s: %w", state.ErrUnavailable, s.path, err)
+	}
+	if fs.Flags&stRdonly != 0 {
+		return fmt.Errorf("filestore: ping: %w: data file %s is on a read-only file system", state.ErrUnavailable, s.path)
+	}
+	if free := fs.Bavail * uint64(fs.Bsize); free < minFree {
+		return fmt.Errorf("filestore: ping: %w: the disk of data file %s is full (%d bytes free)", state.ErrUnavailable, s.path, free)
+	}
+	if err := s.writeFailure(); err != nil {
+		return fmt.Errorf("filestore: ping: %w: the last commit to data file %s failed: %w", state.ErrUnavailable, s.path, err)
+	}
+	return s.update(ctx, "ping", func(t *txn) error {
+		return t.put(t.tx.Bucket([]byte(bucketMeta)), []byte(keyPing), u64(uint64(t.now.UnixMilli())))
 	})
+}
+
+// writeFailure is the error of the last commit if it failed and none has
+// succeeded since.
+func (s *Store) writeFailure() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+func (s *Store) noteCommit(err error) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	s.failed = err
 }
 
 // Backup writes a consistent copy of the whole data file to w while the
@@ -518,9 +608,12 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 		// The step's own error, its writes rolled back.
 	case err != nil:
 		// The file failed: every step of the commit with it.
+		s.noteCommit(err)
 		for i, w := range steps {
 			errs[i] = fmt.Errorf("filestore: %s: %w: data file %s: %w", w.op, state.ErrUnavailable, s.path, err)
 		}
+	default:
+		s.noteCommit(nil)
 	}
 	return errs, true
 }

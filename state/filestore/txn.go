@@ -26,6 +26,7 @@ const (
 	bucketEvents  = "events"
 	bucketFinal   = "final"
 	keyFormat     = "format"
+	keyPing       = "ping"
 )
 
 // Status reasons and intent reasons from docs/state-machine.md.
