@@ -73,9 +73,16 @@ func BenchmarkGuardFinish(b *testing.B) {
 }
 
 func guardFinish(b *testing.B, s *redisstore.Store, run string, i int) {
+	guardFinishKey(b, s, run, fmt.Sprintf("d-0123456789abcdef%08d", i), i)
+}
+
+// guardFinishKey guards and finishes one request under a derived key base:
+// a new base each time is a new request, the same base again is the same
+// request repeated (a poll), which the store numbers base.2, base.3, ….
+func guardFinishKey(b *testing.B, s *redisstore.Store, run, base string, i int) {
 	ctx := context.Background()
 	res, err := s.Guard(ctx, state.GuardRequest{
-		RunID: run, Key: fmt.Sprintf("d-0123456789abcdef%08d", i), Boundary: state.BoundaryHTTP,
+		RunID: run, Key: base, Boundary: state.BoundaryHTTP,
 		Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
 		LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
 		NotAfter: time.Now().Add(benchTimeout()),
@@ -88,6 +95,37 @@ func guardFinish(b *testing.B, s *redisstore.Store, run string, i int) {
 	if err != nil {
 		b.Fatalf("finish %d: %v", i, err)
 	}
+}
+
+// BenchmarkGuardFinishSameRequest is BenchmarkGuardFinish at 64
+// goroutines, AOF everysec, with every request the same (one derived key
+// base for all, as a poll of one URL makes).
+func BenchmarkGuardFinishSameRequest(b *testing.B) {
+	srv := benchServer(b, "--appendonly", "yes", "--appendfsync", "everysec")
+	s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
+	admin := raw(b, srv.addr)
+	ctx := context.Background()
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	guardFinish(b, s, "warm", 0)
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := procCPU(b, srv.pid)
+	var n atomic.Int64
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			guardFinishKey(b, s, "bench", "d-0123456789abcdef01234567", int(n.Add(1)))
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64((procCPU(b, srv.pid) - cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+	usec, calls := commandStats(b, admin)
+	b.ReportMetric(usec/float64(b.N), "redis-cmd-µs/op")
+	b.ReportMetric(calls/float64(b.N), "redis-calls/op")
 }
 
 // procCPU is the user and system time the process has used.

@@ -8,7 +8,8 @@
 --
 -- The common case is written out once more, for the whole batch: the row
 -- and every record the steps name are read in one HMGET; each step on the
--- common path (a new effect admitted on an ACTIVE run, or its outcome) is
+-- common path (a new effect admitted on an ACTIVE run, the same request
+-- again included, or its outcome) is
 -- decided against that view, which takes its changes, and appends its
 -- event; their writes go out together at the end, one HSET, one ZADD, one
 -- ZREM. The first step off the common path ends that: what is staged is
@@ -87,26 +88,40 @@ while common and j <= n do
     local not_after = tonumber(ARGV[o + 12])
     if not_after and at > not_after then
       out[j] = reply('late')
-    elseif view['s:' .. base] or ARGV[o + 9] ~= '' or (observed_s ~= '0' and observed_s ~= ver) then
-      -- A key taken (an explicit key seen before, or a derived base used
-      -- before), a scheduled retry, a stale version: the general rules.
+    elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 9] ~= '' or
+        (observed_s ~= '0' and observed_s ~= ver) then
+      -- An explicit key seen before, a scheduled retry, a stale version:
+      -- the general rules.
       common = false
       break
     else
+      local key = base
+      if view['s:' .. base] then
+        -- A derived base used before (the same request again): the next
+        -- free name, base.n, counted per base. A name is free when neither
+        -- this batch nor the stored run has it.
+        repeat
+          local k = call('HINCRBY', K_SEQ, base, 1)
+          if k == 1 then
+            k = call('HINCRBY', K_SEQ, base, 1)
+          end
+          key = base .. '.' .. k
+        until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
+      end
       local ord = int(tonumber(view.o) + 1)
       local lease_s = int(now + tonumber(ARGV[o + 11]))
       local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc(ARGV[o + 6]) ..
         '\n' .. esc(ARGV[o + 7]) .. '\n' .. esc(ARGV[o + 8])
       local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc(ARGV[o + 10]) .. '\n\n\n'
-      put('i:' .. base, imm)
-      put('s:' .. base, mut)
+      put('i:' .. key, imm)
+      put('s:' .. key, mut)
       view.o = ord
       dirty.o = true
       bump('n:IN_FLIGHT', 1)
       zadd[#zadd + 1] = '-' .. lease_s
-      zadd[#zadd + 1] = base
-      call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. base .. '\n' .. esc(actor) .. '\n')
-      out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {base, imm, mut}, ''}
+      zadd[#zadd + 1] = key
+      call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
+      out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
     end
     o = o + 13
   else
