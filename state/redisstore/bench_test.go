@@ -122,7 +122,7 @@ func BenchmarkGuardFinishSameRequest(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	b.ReportMetric(float64((procCPU(b, srv.pid) - cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+	b.ReportMetric(float64((procCPU(b, srv.pid)-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 	usec, calls := commandStats(b, admin)
 	b.ReportMetric(usec/float64(b.N), "redis-cmd-µs/op")
 	b.ReportMetric(calls/float64(b.N), "redis-calls/op")
