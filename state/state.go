@@ -463,7 +463,9 @@ type Store interface {
 	// instance sharing the store, until ctx ends. Delivery is best effort:
 	// callers re-check rows periodically.
 	Cancels(ctx context.Context) (<-chan string, error)
-	// Ping reports whether the store answers.
+	// Ping reports whether the store answers and can take writes (the
+	// embedded store: its disk has room, is writable, and a write commits):
+	// a store that can be read but not written is down for the guard.
 	Ping(ctx context.Context) error
 	Close() error
 }

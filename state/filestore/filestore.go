@@ -1,28 +1,29 @@
 // Package filestore is the embedded state.Store: one bbolt file on local
 // disk, for a single machine with no server to run.
 //
-// Every operation is one bbolt transaction, and every committed write
-// transaction is fsynced before it returns, so a cancel that has been
-// acknowledged survives kill -9 and power loss. bbolt takes an exclusive
-// flock on the file: a second process opening the same data file fails
-// fast instead of corrupting it.
+// Every write is one step of a bbolt transaction, and every committed
+// transaction is fsynced before any of its steps returns, so a cancel that
+// has been acknowledged survives kill -9 and power loss. Steps that arrive
+// while a commit is under way share the next one (group commit). bbolt
+// takes an exclusive flock on the file: a second process opening the same
+// data file fails fast instead of corrupting it.
 //
-// Layout (all keys and values are bytes; rows and records are JSON):
+// Layout (all keys and values are bytes; records are binary, codec.go):
 //
-//	meta              "format" → "1"
-//	runs              run id → state.Run (with its intent counts)
-//	status            "<STATUS>/<run id>" → "" (List and LiveRuns without a full scan)
+//	meta              "format" → "2"
+//	runs              run id → row (with its intent counts)
+//	status            "<STATUS>/<run id>" → "" (List, DrainingRuns, ActiveRuns without a full scan)
+//	final             ms (big endian) + run id → "" (retention, oldest first)
 //	run/<run id>/
-//	    intents       key → intent record
-//	    order         sequence (big endian) → key, creation order
+//	    intents       key → intent record (creation ordinal: the bucket's sequence)
+//	    order         sequence (big endian) → key, creation order of format 1 files only
 //	    pending       sequence → key, for intents IN_FLIGHT or SCHEDULED only
 //	    seq           derived key base → dispatch count (big endian)
-//	    events        sequence → state.Event, commit order
+//	    events        sequence → event, commit order
 package filestore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -45,7 +47,11 @@ const DefaultTimeout = time.Second
 
 // formatVersion is written into every new file so that a later, different
 // layout can refuse (or migrate) an old file instead of misreading it.
-const formatVersion = "1"
+// Format 2 stores records in a binary form (codec.go) and has a retention
+// index; a format 1 file is read as it is and becomes format 2 at Open (its
+// JSON records stay readable), so an older stopgate refuses it afterwards
+// rather than misread it.
+const formatVersion = "2"
 
 // subscriberBuffer is how many cancels a slow subscriber may fall behind
 // before broadcasts to it are dropped. Dropping is safe: subscribers
@@ -73,6 +79,14 @@ type Store struct {
 	// last is the latest time handed to a write transaction. Writes are
 	// serialized by bbolt, so only code inside db.Update touches it.
 	last time.Time
+
+	// w is the group commit (update).
+	w writer
+
+	// failed is the error of the last commit if it failed (a full disk, a
+	// read-only or failing file system), until one succeeds: Ping.
+	failMu sync.Mutex
+	failed error
 
 	mu     sync.Mutex
 	closed bool
@@ -105,18 +119,15 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("filestore: creating the directory of data file %s: %w", path, err)
 	}
+	removeStaleCreations(path)
+	if created {
+		if err := create(path, existing, opts.Timeout); err != nil {
+			return nil, fmt.Errorf("filestore: creating data file %s: %w", path, err)
+		}
+	}
 	db, err := openBolt(path, opts.Timeout)
 	if err != nil {
 		return nil, err
-	}
-	if created {
-		// bbolt fsyncs the file, not the directory entries that name it: a
-		// cancel acknowledged just after the first start must not vanish
-		// with a directory entry lost in a power cut.
-		if err := syncDirs(filepath.Dir(path), existing); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("filestore: creating data file %s: %w", path, err)
-		}
 	}
 	s := &Store{
 		db:   db,
@@ -126,6 +137,57 @@ func Open(path string, opts Options) (*Store, error) {
 		subs: make(map[chan string]func() bool),
 	}
 	return s, nil
+}
+
+// creating is the suffix of a data file being created, before it takes
+// its name.
+const creating = ".creating-"
+
+// create makes a new, initialized data file at path, atomically: it is
+// built and fsynced under a temporary name in the same directory, then
+// linked to its name, and the directories are fsynced. A first start that
+// fails half-way (a full disk, a crash) leaves no file at path, so it never
+// blocks a later start; the temporary file is removed (or, after a crash,
+// by a later Open). A link never replaces a file: if another process
+// created path meanwhile, its file is the one used.
+func create(path, existing string, timeout time.Duration) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+creating+"*")
+	if err != nil {
+		return err
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	db, err := openBolt(name, timeout)
+	if err != nil {
+		return err
+	}
+	// bbolt fsynced the pages it wrote; close, and the file is whole.
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(name, path); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("naming the new file: %w", err)
+	}
+	// bbolt fsyncs the file, not the directory entries that name it: a
+	// cancel acknowledged just after the first start must not vanish with a
+	// directory entry lost in a power cut.
+	return syncDirs(dir, existing)
+}
+
+// removeStaleCreations removes what creations that never finished (the
+// process died between the temporary file and its name) left beside path.
+// Only old ones: a younger one may be another process's creation under way.
+func removeStaleCreations(path string) {
+	stale, _ := filepath.Glob(path + creating + "*")
+	for _, name := range stale {
+		if fi, err := os.Stat(name); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+			_ = os.Remove(name)
+		}
+	}
 }
 
 // syncDirs fsyncs dir and each parent up to and including top.
@@ -168,6 +230,11 @@ func openBolt(path string, timeout time.Duration) (db *bolt.DB, err error) {
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout: timeout,
+		// The free-page list is not written with every commit (it is
+		// rebuilt from the pages at Open): with one commit per step, or
+		// per group of steps, writing it cost more than the step.
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
@@ -197,12 +264,12 @@ func initialize(db *bolt.DB, path string) error {
 			return err
 		}
 		switch v := meta.Get([]byte(keyFormat)); {
-		case v == nil:
+		case v == nil, string(v) == "1":
 			if err := meta.Put([]byte(keyFormat), []byte(formatVersion)); err != nil {
 				return err
 			}
 		case string(v) != formatVersion:
-			return fmt.Errorf("format %q, this stopgate reads format %s", v, formatVersion)
+			return fmt.Errorf("format %q, this stopgate reads formats 1 and %s", v, formatVersion)
 		}
 		for _, name := range []string{bucketRuns, bucketStatus, bucketRun} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
@@ -234,11 +301,7 @@ func indexFinalRuns(tx *bolt.Tx) error {
 				return fmt.Errorf("indexing final run %s for retention: %v", id, err)
 			}
 			rec.Retention = rec.UpdatedAt.UnixMilli()
-			raw, err := json.Marshal(rec)
-			if err != nil {
-				return err
-			}
-			if err := tx.Bucket([]byte(bucketRuns)).Put([]byte(id), raw); err != nil {
+			if err := tx.Bucket([]byte(bucketRuns)).Put([]byte(id), encodeRow(rec)); err != nil {
 				return err
 			}
 			if err := idx.Put(retentionKey(rec.Retention, id), nil); err != nil {
@@ -273,14 +336,50 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Ping reports whether the file still answers a read transaction.
+// stRdonly is ST_RDONLY of statfs(2): the file system is mounted
+// read-only (or was made so, after an error).
+const stRdonly = 0x1
+
+// minFree is the free space below which the store says it cannot write:
+// a commit writes a few pages, a file that grows asks for more.
+const minFree = 256 << 10
+
+// Ping reports whether the store can take writes: the data file's file
+// system is writable and has room, no commit has failed since the last
+// that succeeded, and a write transaction commits now. A store that can
+// still be read but not written is as good as down for the guard, and
+// readiness must say so before a request finds out.
 func (s *Store) Ping(ctx context.Context) error {
-	return s.view(ctx, "ping", func(tx *bolt.Tx) error {
-		if tx.Bucket([]byte(bucketRuns)) == nil {
-			return fmt.Errorf("%w: data file %s has no runs bucket", state.ErrUnavailable, s.path)
-		}
-		return nil
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(s.path), &fs); err != nil {
+		return fmt.Errorf("filestore: ping: %w: data file %s: %w", state.ErrUnavailable, s.path, err)
+	}
+	if fs.Flags&stRdonly != 0 {
+		return fmt.Errorf("filestore: ping: %w: data file %s is on a read-only file system", state.ErrUnavailable, s.path)
+	}
+	if free := fs.Bavail * uint64(fs.Bsize); free < minFree {
+		return fmt.Errorf("filestore: ping: %w: the disk of data file %s is full (%d bytes free)", state.ErrUnavailable, s.path, free)
+	}
+	if err := s.writeFailure(); err != nil {
+		return fmt.Errorf("filestore: ping: %w: the last commit to data file %s failed: %w", state.ErrUnavailable, s.path, err)
+	}
+	return s.update(ctx, "ping", func(t *txn) error {
+		return t.put(t.tx.Bucket([]byte(bucketMeta)), []byte(keyPing), u64(uint64(t.now.UnixMilli())))
 	})
+}
+
+// writeFailure is the error of the last commit if it failed and none has
+// succeeded since.
+func (s *Store) writeFailure() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+func (s *Store) noteCommit(err error) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	s.failed = err
 }
 
 // Backup writes a consistent copy of the whole data file to w while the
@@ -344,14 +443,134 @@ func (s *Store) publish(runID string) {
 // no-op (an idempotent admit, a tick with nothing to do) costs no fsync.
 var errNoChange = errors.New("filestore: nothing to commit")
 
-// update runs fn in one write transaction. Errors fn returns (conflicts,
+// errWroteThenFailed rolls back a shared transaction in which a step failed
+// after it had written: the others are then committed one by one.
+var errWroteThenFailed = errors.New("filestore: a step failed after writing")
+
+// maxGroup bounds the steps one commit carries, so that a commit stays a
+// short transaction.
+const maxGroup = 256
+
+// write is one step waiting for a commit.
+type write struct {
+	op   string
+	ctx  context.Context
+	fn   func(t *txn) error
+	err  error
+	done chan struct{} // closed when err is set
+	lead chan struct{} // closed when this step's caller is to commit the queue
+}
+
+// writer is the group commit: steps that arrive while a commit is under
+// way wait in queue, and the next commit carries all of them, in arrival
+// order, in one bbolt transaction and one fsync. Leader takes what is
+// queued, no timer: a step that finds no commit under way commits at
+// once, alone; a lone request never waits for a batch to fill.
+type writer struct {
+	mu      sync.Mutex
+	queue   []*write
+	leading bool
+}
+
+// update runs fn as one step of a write transaction and returns once that
+// transaction is durable (or rolled back). Errors fn returns (conflicts,
 // not found) pass through as they are; failures of the file itself wrap
-// state.ErrUnavailable.
+// state.ErrUnavailable. Every step decides before it writes: one that
+// returns an error after writing rolls the shared transaction back, and
+// the steps of that commit are then committed one by one, so that no step
+// is lost or applied twice because of another.
+//
+// The caller waits for its step's outcome even past ctx's deadline: once
+// queued, a step may be committed at any moment, and its caller must learn
+// whether it was. A step whose ctx has ended before its commit begins is
+// not applied (a guard's own deadline, NotAfter, is checked inside the
+// transaction with the store's clock).
 func (s *Store) update(ctx context.Context, op string, fn func(t *txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("filestore: %s: %w: %w", op, state.ErrUnavailable, err)
 	}
-	var fnErr error
+	w := &write{op: op, ctx: ctx, fn: fn, done: make(chan struct{}), lead: make(chan struct{})}
+	s.w.mu.Lock()
+	s.w.queue = append(s.w.queue, w)
+	if s.w.leading {
+		s.w.mu.Unlock()
+		select {
+		case <-w.done:
+			return w.err
+		case <-w.lead:
+			// Handed the lead: this caller's step is in the queue it takes.
+		}
+	} else {
+		s.w.leading = true
+		s.w.mu.Unlock()
+	}
+	s.commitQueued()
+	<-w.done
+	return w.err
+}
+
+// commitQueued commits what is queued now (this leader's step among it),
+// then hands the lead to the first step queued meanwhile, if any.
+func (s *Store) commitQueued() {
+	s.w.mu.Lock()
+	n := min(len(s.w.queue), maxGroup)
+	batch := s.w.queue[:n:n]
+	s.w.queue = s.w.queue[n:]
+	s.w.mu.Unlock()
+
+	s.commit(batch)
+
+	s.w.mu.Lock()
+	if len(s.w.queue) == 0 {
+		s.w.queue = nil
+		s.w.leading = false
+		s.w.mu.Unlock()
+		return
+	}
+	next := s.w.queue[0]
+	s.w.mu.Unlock()
+	close(next.lead)
+}
+
+// commit runs the steps of batch in one transaction, or, if one of them
+// failed after writing, each in its own. Every step's done is closed with
+// its outcome.
+func (s *Store) commit(batch []*write) {
+	var live []*write
+	for _, w := range batch {
+		if err := w.ctx.Err(); err != nil {
+			w.err = fmt.Errorf("filestore: %s: %w: %w", w.op, state.ErrUnavailable, err)
+			close(w.done)
+			continue
+		}
+		live = append(live, w)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if len(live) > 1 {
+		if errs, ok := s.transaction(live); ok {
+			for i, w := range live {
+				w.err = errs[i]
+				close(w.done)
+			}
+			return
+		}
+	}
+	for _, w := range live {
+		errs, _ := s.transaction([]*write{w})
+		w.err = errs[0]
+		close(w.done)
+	}
+}
+
+// transaction runs steps in one bbolt transaction and returns each step's
+// error. ok is false when a step failed after writing and the transaction
+// was rolled back for that (with a single step, its error is then returned
+// as is).
+func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
+	errs = make([]error, len(steps))
+	poisoned := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := s.now().UTC().Truncate(time.Millisecond)
 		// The audit log must read in order even if the wall clock steps
@@ -359,26 +578,44 @@ func (s *Store) update(ctx context.Context, op string, fn func(t *txn) error) er
 		if now.Before(s.last) {
 			now = s.last
 		}
-		t := &txn{tx: tx, now: now}
-		fnErr = fn(t)
-		if fnErr == nil && !t.wrote {
-			fnErr = errNoChange
+		wrote := false
+		for i, w := range steps {
+			t := &txn{tx: tx, now: now}
+			errs[i] = w.fn(t)
+			switch {
+			case errs[i] != nil && t.wrote:
+				if len(steps) > 1 {
+					poisoned = true
+					return errWroteThenFailed
+				}
+				return errs[i]
+			case errs[i] == nil && t.wrote:
+				wrote = true
+			}
 		}
-		if fnErr != nil {
-			return fnErr
+		if !wrote {
+			return errNoChange
 		}
 		s.last = now
 		return nil
 	})
-	switch {
-	case errors.Is(fnErr, errNoChange):
-		return nil
-	case fnErr != nil:
-		return fnErr
-	case err != nil:
-		return fmt.Errorf("filestore: %s: %w: data file %s: %w", op, state.ErrUnavailable, s.path, err)
+	if poisoned {
+		return nil, false
 	}
-	return nil
+	switch {
+	case errors.Is(err, errNoChange):
+	case err != nil && len(steps) == 1 && errs[0] != nil:
+		// The step's own error, its writes rolled back.
+	case err != nil:
+		// The file failed: every step of the commit with it.
+		s.noteCommit(err)
+		for i, w := range steps {
+			errs[i] = fmt.Errorf("filestore: %s: %w: data file %s: %w", w.op, state.ErrUnavailable, s.path, err)
+		}
+	default:
+		s.noteCommit(nil)
+	}
+	return errs, true
 }
 
 // view runs fn in one read transaction, with update's error rules.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -481,5 +482,76 @@ func TestOpenIndexesFinalRunsOfAnOlderFile(t *testing.T) {
 	}
 	if ins, _ := s.Intents(ctx, "cancelled"); len(ins) != 1 {
 		t.Fatalf("the CANCELLING run of the older file lost its intents: %+v", ins)
+	}
+}
+
+// A data file of format 1 (JSON records, no retention index) opens: its
+// records read as they were, its run moves on, and the file becomes
+// format 2.
+func TestFormatOneFileOpensAndMovesOn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stopgate.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	ts := now.Format(time.RFC3339Nano)
+	seq := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta, _ := tx.CreateBucket([]byte("meta"))
+		_ = meta.Put([]byte("format"), []byte("1"))
+		runs, _ := tx.CreateBucket([]byte("runs"))
+		_ = runs.Put([]byte("old"), []byte(`{"run_id":"old","status":"ACTIVE","cancel_version":1,"created_at":"`+ts+`","updated_at":"`+ts+`","intents":{"IN_FLIGHT":1}}`))
+		status, _ := tx.CreateBucket([]byte("status"))
+		_ = status.Put([]byte("ACTIVE/old"), nil)
+		run, _ := tx.CreateBucket([]byte("run"))
+		b, _ := run.CreateBucket([]byte("old"))
+		for _, name := range []string{"intents", "order", "pending", "seq", "events"} {
+			_, _ = b.CreateBucket([]byte(name))
+		}
+		_ = b.Bucket([]byte("intents")).Put([]byte("k"), []byte(`{"run_id":"old","key":"k","boundary":"http","state":"IN_FLIGHT","method":"POST","target":"https://a/x","attempts":1,"lease_owner":"p","lease_expires":"`+now.Add(time.Hour).Format(time.RFC3339Nano)+`","created_at":"`+ts+`","updated_at":"`+ts+`","seq":1}`))
+		_ = b.Bucket([]byte("order")).Put(seq(1), []byte("k"))
+		_ = b.Bucket([]byte("pending")).Put(seq(1), []byte("k"))
+		_ = b.Bucket([]byte("events")).Put(seq(1), []byte(`{"at":"`+ts+`","run_id":"old","actor":"t","kind":"run.admitted","to":"ACTIVE","cancel_version":1}`))
+		// Format 1 numbered creation order and events by bucket sequence.
+		_ = b.Bucket([]byte("order")).SetSequence(1)
+		_ = b.Bucket([]byte("events")).SetSequence(1)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s := open(t, path)
+	ctx := testCtx(t)
+	if r, err := s.Get(ctx, "old"); err != nil || r.Status != state.StatusActive || r.Intents[state.IntentInFlight] != 1 {
+		t.Fatalf("row of the format 1 file: %+v %v", r, err)
+	}
+	in, err := s.Intent(ctx, "old", "k")
+	if err != nil || in.State != state.IntentInFlight || in.Target != "https://a/x" || in.Attempts != 1 {
+		t.Fatalf("intent of the format 1 file: %+v %v", in, err)
+	}
+	if _, err := s.Finish(ctx, state.FinishRequest{RunID: "old", Key: "k", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Guard(ctx, state.GuardRequest{RunID: "old", Key: "k2", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: lease, Actor: "p"})
+	if err != nil || !g.Admitted {
+		t.Fatalf("guard on the format 1 run: %+v %v", g, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path)
+	defer s.Close()
+	ins, err := s.Intents(ctx, "old")
+	if err != nil || len(ins) != 2 || ins[0].State != state.IntentResponded || ins[1].Key != "k2" {
+		t.Fatalf("intents after reopening: %+v %v", ins, err)
+	}
+	evs, err := s.Events(ctx, "old")
+	if err != nil || len(evs) != 3 || evs[0].Kind != state.EventRunAdmitted || !evs[0].At.Equal(now) {
+		t.Fatalf("events after reopening: %+v %v", evs, err)
 	}
 }

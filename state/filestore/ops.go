@@ -2,9 +2,9 @@ package filestore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -549,6 +549,8 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 		return out, nil
 	}
 	err := s.update(ctx, "renew", func(t *txn) error {
+		// A step may run again (its shared commit rolled back): start over.
+		out = state.RenewResult{Runs: map[string]state.Run{}}
 		runs := map[string]*runTx{}
 		for _, ref := range req.Refs {
 			r, seen := runs[ref.RunID]
@@ -642,8 +644,8 @@ func (s *Store) Intent(ctx context.Context, runID, key string) (state.Intent, er
 		if raw == nil {
 			return fmt.Errorf("run %s intent %s: %w", runID, key, state.ErrNotFound)
 		}
-		var rec intentRecord
-		if err := json.Unmarshal(raw, &rec); err != nil {
+		rec, err := decodeIntent(runID, key, raw)
+		if err != nil {
 			return storeErr("run %s: decoding intent %s: %w", runID, key, err)
 		}
 		out = rec.Intent
@@ -663,19 +665,21 @@ func (s *Store) Intents(ctx context.Context, runID string) ([]state.Intent, erro
 		if err != nil {
 			return err
 		}
-		intents := b.Bucket([]byte(bucketIntents))
-		return b.Bucket([]byte(bucketOrder)).ForEach(func(_, key []byte) error {
-			raw := intents.Get(key)
-			if raw == nil {
-				return storeErr("run %s: order names missing intent %s", runID, key)
-			}
-			var rec intentRecord
-			if err := json.Unmarshal(raw, &rec); err != nil {
+		var recs []intentRecord
+		err = b.Bucket([]byte(bucketIntents)).ForEach(func(key, raw []byte) error {
+			rec, err := decodeIntent(runID, string(key), raw)
+			if err != nil {
 				return storeErr("run %s: decoding intent %s: %w", runID, key, err)
 			}
-			out = append(out, rec.Intent)
+			recs = append(recs, rec)
 			return nil
 		})
+		slices.SortFunc(recs, func(a, b intentRecord) int { return cmp.Compare(a.Seq, b.Seq) })
+		out = make([]state.Intent, len(recs))
+		for i := range recs {
+			out[i] = recs[i].Intent
+		}
+		return err
 	})
 	return out, err
 }
@@ -692,8 +696,8 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 			return err
 		}
 		return b.Bucket([]byte(bucketEvents)).ForEach(func(k, raw []byte) error {
-			var e state.Event
-			if err := json.Unmarshal(raw, &e); err != nil {
+			e, err := decodeEvent(runID, raw)
+			if err != nil {
 				return storeErr("run %s: decoding event %x: %w", runID, k, err)
 			}
 			out = append(out, e)

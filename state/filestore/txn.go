@@ -2,7 +2,6 @@ package filestore
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -27,6 +26,7 @@ const (
 	bucketEvents  = "events"
 	bucketFinal   = "final"
 	keyFormat     = "format"
+	keyPing       = "ping"
 )
 
 // Status reasons and intent reasons from docs/state-machine.md.
@@ -126,7 +126,7 @@ func loadRecord(tx *bolt.Tx, id string) (rec rowRecord, b *bolt.Bucket, found bo
 	if raw == nil {
 		return rowRecord{}, nil, false, nil
 	}
-	if err := json.Unmarshal(raw, &rec); err != nil {
+	if rec, err = decodeRow(id, raw); err != nil {
 		return rowRecord{}, nil, false, storeErr("run %s: decoding row: %w", id, err)
 	}
 	b = tx.Bucket([]byte(bucketRun)).Bucket([]byte(id))
@@ -155,7 +155,7 @@ func (t *txn) createRun(id string, status state.Status, version int64) (*runTx, 
 	if err != nil {
 		return nil, storeErr("run %s: creating buckets: %w", id, err)
 	}
-	for _, name := range []string{bucketIntents, bucketOrder, bucketPending, bucketSeq, bucketEvents} {
+	for _, name := range []string{bucketIntents, bucketPending, bucketSeq, bucketEvents} {
 		if _, err := b.CreateBucket([]byte(name)); err != nil {
 			return nil, storeErr("run %s: creating bucket %s: %w", id, name, err)
 		}
@@ -210,10 +210,7 @@ func (r *runTx) save() error {
 			return err
 		}
 	}
-	raw, err := json.Marshal(rowRecord{Run: r.row, Retention: r.retention})
-	if err != nil {
-		return storeErr("run %s: encoding row: %w", r.row.ID, err)
-	}
+	raw := encodeRow(rowRecord{Run: r.row, Retention: r.retention})
 	if err := r.t.put(r.t.tx.Bucket([]byte(bucketRuns)), []byte(r.row.ID), raw); err != nil {
 		return err
 	}
@@ -239,10 +236,7 @@ func (r *runTx) event(e state.Event) error {
 	e.At = r.t.now
 	e.RunID = r.row.ID
 	e.Version = r.row.CancelVersion
-	raw, err := json.Marshal(e)
-	if err != nil {
-		return storeErr("run %s: encoding event: %w", r.row.ID, err)
-	}
+	raw := encodeEvent(e)
 	b := r.b.Bucket([]byte(bucketEvents))
 	n, err := r.t.nextSeq(b)
 	if err != nil {
@@ -266,8 +260,8 @@ func (r *runTx) intent(key string) (*intentRecord, bool, error) {
 	if raw == nil {
 		return nil, false, nil
 	}
-	var rec intentRecord
-	if err := json.Unmarshal(raw, &rec); err != nil {
+	rec, err := decodeIntent(r.row.ID, key, raw)
+	if err != nil {
 		return nil, false, storeErr("run %s: decoding intent %s: %w", r.row.ID, key, err)
 	}
 	return &rec, true, nil
@@ -282,18 +276,23 @@ func isPending(s state.IntentState) bool {
 }
 
 // putIntent writes an intent whose state was from ("" for a new one),
-// keeping the row's counts, the creation order and the pending index in
-// the same step.
+// keeping the row's counts and the pending index in the same step. A new
+// intent takes the next creation ordinal (the intents bucket's sequence).
 func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 	if from == "" {
-		n, err := r.t.nextSeq(r.b.Bucket([]byte(bucketOrder)))
+		intents := r.b.Bucket([]byte(bucketIntents))
+		if order := r.b.Bucket([]byte(bucketOrder)); order != nil && intents.Sequence() < order.Sequence() {
+			// A run of format 1 numbered its intents in a bucket of
+			// their own: go on after them.
+			if err := intents.SetSequence(order.Sequence()); err != nil {
+				return storeErr("run %s: creation order: %w", r.row.ID, err)
+			}
+		}
+		n, err := r.t.nextSeq(intents)
 		if err != nil {
 			return err
 		}
 		rec.Seq = n
-		if err := r.t.put(r.b.Bucket([]byte(bucketOrder)), u64(n), []byte(rec.Key)); err != nil {
-			return err
-		}
 	}
 	if from != rec.State {
 		if from != "" {
@@ -312,11 +311,7 @@ func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 			}
 		}
 	}
-	raw, err := json.Marshal(rec)
-	if err != nil {
-		return storeErr("run %s: encoding intent %s: %w", r.row.ID, rec.Key, err)
-	}
-	return r.t.put(r.b.Bucket([]byte(bucketIntents)), []byte(rec.Key), raw)
+	return r.t.put(r.b.Bucket([]byte(bucketIntents)), []byte(rec.Key), encodeIntent(rec))
 }
 
 func (r *runTx) count(s state.IntentState, delta int) {
@@ -473,7 +468,12 @@ func (r *runTx) conflict(code string, in *intentRecord, detail string) *state.Co
 // prune removes the run's intents and events (every bucket under it) and
 // its retention entry; the row stays, with PrunedAt set.
 func (r *runTx) prune() error {
-	for _, name := range []string{bucketIntents, bucketOrder, bucketPending, bucketSeq, bucketEvents} {
+	if r.b.Bucket([]byte(bucketOrder)) != nil {
+		if err := r.b.DeleteBucket([]byte(bucketOrder)); err != nil {
+			return storeErr("run %s: pruning %s: %w", r.row.ID, bucketOrder, err)
+		}
+	}
+	for _, name := range []string{bucketIntents, bucketPending, bucketSeq, bucketEvents} {
 		if err := r.b.DeleteBucket([]byte(name)); err != nil {
 			return storeErr("run %s: pruning %s: %w", r.row.ID, name, err)
 		}

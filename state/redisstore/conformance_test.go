@@ -55,6 +55,32 @@ func TestConformance(t *testing.T) {
 		if err := admin.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatalf("flushall: %v", err)
 		}
-		return open(t, srv.URL(), redisstore.Options{})
+		s := open(t, srv.URL(), redisstore.Options{})
+		if !s.Functions() {
+			t.Fatal("the store runs scripts on a Redis that takes functions")
+		}
+		return s
+	})
+}
+
+// Where Redis refuses stopgate's function library (before 7.0, or an ACL
+// without FUNCTION), the same programs run as scripts: the whole suite
+// again on that path.
+func TestConformanceOnScripts(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	admin := raw(t, srv.Addr())
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://app:secret@" + srv.Addr() + "/0"
+	statetest.Run(t, func(t *testing.T) state.Store {
+		if err := admin.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatalf("flushall: %v", err)
+		}
+		s := open(t, url, redisstore.Options{})
+		if s.Functions() {
+			t.Fatal("the store loaded its functions though FUNCTION is denied to its user")
+		}
+		return s
 	})
 }

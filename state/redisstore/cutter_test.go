@@ -75,7 +75,7 @@ func (c *cutter) relay(client net.Conn) {
 			if n > 0 {
 				// Marked before the bytes reach the server, so its reply is
 				// surely the one dropped.
-				if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) && c.armed.CompareAndSwap(true, false) {
+				if isProgramCall(buf[:n]) && c.armed.CompareAndSwap(true, false) {
 					dropReply.Store(true)
 				}
 				if _, err := server.Write(buf[:n]); err != nil {
@@ -150,4 +150,11 @@ func TestLostReplyIsNotRetried(t *testing.T) {
 	c.forwardTo(srv.Addr())
 	s := open(t, "redis://"+c.addr()+"/0", redisstore.Options{})
 	checkLostReply(t, s, c)
+}
+
+// isProgramCall reports whether a command the client sent runs a program:
+// a function (FCALL) or a script (EVALSHA).
+func isProgramCall(b []byte) bool {
+	b = bytes.ToLower(b)
+	return bytes.Contains(b, []byte("fcall")) || bytes.Contains(b, []byte("evalsha"))
 }

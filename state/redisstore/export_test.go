@@ -14,3 +14,7 @@ const LegacyLiveKey = legacyLiveKey
 
 // PruneGrace is how old a rowless index entry must be to be dropped.
 const PruneGrace = pruneGrace
+
+// Functions reports whether the store runs its programs as functions (true)
+// or as scripts.
+func (s *Store) Functions() bool { return s.fns.on() }

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,7 +38,7 @@ func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
 	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_7", Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
 		t.Fatalf("warm-up guard: %+v %v", res, err)
 	}
-	before := evalshaCalls(t, admin)
+	before := programCalls(t, admin)
 	srv.Pause()
 	_, err := ledger.Begin(ctx, req)
 	srv.Resume()
@@ -48,7 +49,7 @@ func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
 	// The guard's script did reach the server and ran once it resumed:
 	// wait until the server counts it, then look at what it left.
 	deadline := time.Now().Add(5 * time.Second)
-	for evalshaCalls(t, admin) <= before {
+	for programCalls(t, admin) <= before {
 		if time.Now().After(deadline) {
 			t.Fatal("the guard sent during the pause never ran after SIGCONT; the test proves nothing")
 		}
@@ -73,13 +74,13 @@ func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
 	}
 }
 
-// evalshaCalls is how many EVALSHA and EVAL the server has run.
-func evalshaCalls(t *testing.T, c *redis.Client) int {
+// programCalls is how many FCALL, EVALSHA and EVAL the server has run.
+func programCalls(t *testing.T, c *redis.Client) int {
 	t.Helper()
 	info := must(c.Info(context.Background(), "commandstats").Result())(t)
 	total := 0
 	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+		for _, cmd := range []string{"cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"} {
 			rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd+"calls=")
 			if !ok {
 				continue
@@ -92,4 +93,56 @@ func evalshaCalls(t *testing.T, c *redis.Client) int {
 		}
 	}
 	return total
+}
+
+// Many guards of one run queued behind a stopped redis-server (one call in
+// flight, the rest waiting for it in the run's batch): every caller hears
+// ErrUnavailable within its store timeout, and none of the guards takes
+// effect after SIGCONT.
+func TestGuardsQueuedTogetherBehindPausedRedisNeverTakeEffect(t *testing.T) {
+	const storeTimeout = 400 * time.Millisecond
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+	must(s.Admit(ctx, state.AdmitRequest{RunID: "run_8", Actor: "test"}))(t)
+	ledger := intents.NewLedger(s, intents.LedgerOptions{Owner: "proxy:1", StoreTimeout: storeTimeout, Logger: quiet(t)})
+	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_8", Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
+		t.Fatalf("warm-up guard: %+v %v", res, err)
+	}
+	before := programCalls(t, admin)
+	srv.Pause()
+	const n = 16
+	errs := make(chan error, n)
+	took := make(chan time.Duration, n)
+	for i := range n {
+		go func() {
+			start := time.Now()
+			_, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_8", Key: fmt.Sprintf("pay-%d", i), ExplicitKey: true, Boundary: state.BoundaryHTTP})
+			took <- time.Since(start)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, state.ErrUnavailable) {
+			srv.Resume()
+			t.Fatalf("a guard with redis stopped: got %v, want ErrUnavailable", err)
+		}
+		if d := <-took; d > storeTimeout+2*time.Second {
+			t.Errorf("a queued guard waited %v, past its store timeout %v", d, storeTimeout)
+		}
+	}
+	srv.Resume()
+	deadline := time.Now().Add(5 * time.Second)
+	for programCalls(t, admin) <= before {
+		if time.Now().After(deadline) {
+			t.Fatal("the call sent during the pause never ran after SIGCONT; the test proves nothing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, in := range must(s.Intents(ctx, "run_8"))(t) {
+		if in.Key != "warm-up" {
+			t.Fatalf("an abandoned guard took effect after the resume: %+v", in)
+		}
+	}
 }

@@ -148,17 +148,17 @@ func (s *Store) statuses(ctx context.Context, op string, ids []string, fields ..
 	return out, nil
 }
 
-// rows reads whole rows of ids, in pipelined batches. Missing rows are
-// absent from the map.
+// rows reads the rows of ids (their own fields, not their intents), in
+// pipelined batches. Missing rows are absent from the map.
 func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]state.Run, error) {
 	const batch = 512
 	out := make(map[string]state.Run, len(ids))
 	for start := 0; start < len(ids); start += batch {
 		part := ids[start:min(start+batch, len(ids))]
-		cmds := make([]*redis.MapStringStringCmd, len(part))
+		cmds := make([]*redis.SliceCmd, len(part))
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, id := range part {
-				cmds[i] = p.HGetAll(ctx, keysOf(id).row)
+				cmds[i] = p.HMGet(ctx, keysOf(id).row, rowFields...)
 			}
 			return nil
 		})
@@ -166,7 +166,7 @@ func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]s
 			return nil, s.fail(op, "", err)
 		}
 		for i, id := range part {
-			if m := cmds[i].Val(); len(m) > 0 {
+			if m := rowOf(cmds[i].Val()); m != nil {
 				out[id] = runOf(id, m)
 			}
 		}
@@ -408,7 +408,7 @@ func (s *Store) pruneRun(ctx context.Context, id string, before int64, score flo
 	if err := s.rdb.ZRem(ctx, endedKey, id).Err(); err != nil {
 		return false, s.fail("prune", id, err)
 	}
-	n, err := pruneScript.Run(ctx, s.scripter, keysOf(id).list(), before).Int()
+	n, err := s.exec(ctx, pruneProgram, keysOf(id).list(), before).Int()
 	if err != nil {
 		if err2 := s.rdb.ZAddNX(ctx, endedKey, redis.Z{Score: score, Member: id}).Err(); err2 != nil {
 			s.log.Warn("a run's retention entry was not put back after its prune failed; its records stay until something is recorded against it", "run_id", id, "err", err2)

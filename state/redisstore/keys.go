@@ -37,17 +37,19 @@ const (
 // indexKeys are every index key, in the order the rowless script takes them.
 var indexKeys = []string{allRunsKey, activeKey, drainingKey, endedKey}
 
-// runKeys are the KEYS of every per-run script, in the order the prelude
-// names them.
+// runKeys are the KEYS of every per-run program, in the order the prelude
+// names them. The run's hash holds the row and its intents; legacy and
+// order hold the intents of a run written before layout 2 until a step
+// moves them.
 type runKeys struct {
-	row, intents, order, seq, inflight, sched, events string
+	row, legacy, order, seq, inflight, sched, events string
 }
 
 func keysOf(runID string) runKeys {
 	p := keyPrefix + "{" + runID + "}:"
 	return runKeys{
 		row:      p + "run",
-		intents:  p + "intents",
+		legacy:   p + "intents",
 		order:    p + "order",
 		seq:      p + "seq",
 		inflight: p + "inflight",
@@ -57,5 +59,5 @@ func keysOf(runID string) runKeys {
 }
 
 func (k runKeys) list() []string {
-	return []string{k.row, k.intents, k.order, k.seq, k.inflight, k.sched, k.events}
+	return []string{k.row, k.legacy, k.order, k.seq, k.inflight, k.sched, k.events}
 }

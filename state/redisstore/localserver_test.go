@@ -19,6 +19,7 @@ import (
 type localServer struct {
 	addr string
 	dir  string
+	pid  int
 }
 
 func startLocal(tb testing.TB, extra ...string) *localServer {
@@ -83,7 +84,7 @@ func startLocalConf(tb testing.TB, conf string, extra ...string) *localServer {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			return &localServer{addr: addr, dir: dir}
+			return &localServer{addr: addr, dir: dir, pid: cmd.Process.Pid}
 		}
 		select {
 		case <-done:

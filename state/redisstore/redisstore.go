@@ -7,8 +7,8 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +50,8 @@ type Options struct {
 type Store struct {
 	rdb       redis.UniversalClient
 	scripter  onceScripter
+	fns       functions
+	batches   batcher
 	opTimeout time.Duration
 	// cancelReplicas is Options.CancelReplicas.
 	cancelReplicas int
@@ -102,6 +104,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	mctx, cancel := s.op(ctx)
 	defer cancel()
+	if err := s.loadLibrary(mctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
 	if err := s.migrate(mctx); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
@@ -212,81 +218,70 @@ func unavailable(err error) bool {
 	return false
 }
 
-// reply is what every per-run script returns, JSON-encoded.
+// reply is what every per-run script answers (lua/prelude.lua, reply): one
+// RESP array, so that neither side encodes or parses JSON on the hot path.
 type reply struct {
-	Run      map[string]string `json:"run"`
-	Intent   *record           `json:"intent"`
-	Admitted bool              `json:"admitted"`
-	Refusal  string            `json:"refusal"`
-	Changed  bool              `json:"changed"`
-	Conflict string            `json:"conflict"`
-	Detail   string            `json:"detail"`
-	NotFound string            `json:"notfound"`
-	Renewed  []*record         `json:"renewed"`
-	// Late: the guard's NotAfter had passed when the script ran; nothing
-	// was written.
-	Late bool `json:"late"`
+	// result is ok, refused, conflict, notfound or late.
+	result string
+	// code is the refusal or conflict code, or what was not found.
+	code    string
+	changed bool
+	// row is as much of the run's row as the step read (nil: none).
+	row map[string]string
+	// intent is the record the step wrote or found.
+	intent *keyedRecord
+	detail string
+	// more are further records (Renew: every lease renewed).
+	more []keyedRecord
 }
 
-// record is an intent as the scripts store it (JSON in the run's intents
-// hash). Times are Unix ms; the observed version and not_before stay
-// decimal text because Lua numbers are doubles and could not carry every
-// int64 a caller may send.
-type record struct {
-	Key             string `json:"key"`
-	Boundary        string `json:"boundary"`
-	State           string `json:"state"`
-	Method          string `json:"method"`
-	Target          string `json:"target"`
-	BodyDigest      string `json:"body_digest"`
-	StatusCode      int    `json:"status_code"`
-	Attempts        int    `json:"attempts"`
-	Refusals        int    `json:"refusals"`
-	ObservedVersion string `json:"observed_version"`
-	Reason          string `json:"reason"`
-	Source          string `json:"source"`
-	Note            string `json:"note"`
-	LeaseOwner      string `json:"lease_owner"`
-	LeaseExpires    int64  `json:"lease_expires"`
-	NotBefore       string `json:"not_before"`
-	CreatedAt       int64  `json:"created_at"`
-	UpdatedAt       int64  `json:"updated_at"`
-	Ord             int64  `json:"ord"`
+// keyedRecord is an intent as a script answers it: its key and its two
+// stored fields.
+type keyedRecord struct {
+	key, imm, mut string
 }
 
-func (r *record) intent(runID string) state.Intent {
-	in := state.Intent{
-		RunID:      runID,
-		Key:        r.Key,
-		Boundary:   state.Boundary(r.Boundary),
-		State:      state.IntentState(r.State),
-		Method:     r.Method,
-		Target:     r.Target,
-		BodyDigest: r.BodyDigest,
-		StatusCode: r.StatusCode,
-		Attempts:   r.Attempts,
-		Refusals:   r.Refusals,
-		Reason:     r.Reason,
-		Source:     r.Source,
-		Note:       r.Note,
-		LeaseOwner: r.LeaseOwner,
-		CreatedAt:  msTime(r.CreatedAt),
-		UpdatedAt:  msTime(r.UpdatedAt),
-	}
-	in.ObservedVersion, _ = strconv.ParseInt(r.ObservedVersion, 10, 64)
-	if r.LeaseExpires != 0 {
-		in.LeaseExpires = msTime(r.LeaseExpires)
-	}
-	if ms, err := strconv.ParseInt(r.NotBefore, 10, 64); err == nil {
-		in.NotBefore = msTime(ms)
-	}
-	return in
+func (k *keyedRecord) intent(runID string) (state.Intent, error) {
+	in, _, err := decodeIntent(runID, k.key, k.imm, k.mut)
+	return in, err
 }
 
-func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+func parseReply(v any) (reply, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) < 6 {
+		return reply{}, fmt.Errorf("the script answered %T, not its reply array", v)
+	}
+	str := func(x any) string { s, _ := x.(string); return s }
+	r := reply{result: str(a[0]), code: str(a[1]), detail: str(a[5])}
+	if n, _ := a[2].(int64); n == 1 {
+		r.changed = true
+	}
+	if flat, ok := a[3].([]any); ok {
+		r.row = make(map[string]string, len(flat)/2)
+		for i := 0; i+1 < len(flat); i += 2 {
+			r.row[str(flat[i])] = str(flat[i+1])
+		}
+	}
+	keyed := func(x any) (keyedRecord, bool) {
+		rec, ok := x.([]any)
+		if !ok || len(rec) != 3 {
+			return keyedRecord{}, false
+		}
+		return keyedRecord{key: str(rec[0]), imm: str(rec[1]), mut: str(rec[2])}, true
+	}
+	if k, ok := keyed(a[4]); ok {
+		r.intent = &k
+	}
+	for _, x := range a[6:] {
+		if k, ok := keyed(x); ok {
+			r.more = append(r.more, k)
+		}
+	}
+	return r, nil
+}
 
-// runOf turns a row hash into a Run. Absent numbers read as zero: the row is
-// only ever written whole by the scripts.
+// runOf turns a row hash (or as much of it as a script read) into a Run.
+// Absent fields read as zero.
 func runOf(id string, m map[string]string) state.Run {
 	num := func(k string) int64 {
 		n, _ := strconv.ParseInt(m[k], 10, 64)
@@ -323,43 +318,51 @@ func runOf(id string, m map[string]string) state.Run {
 	return r
 }
 
-// call runs one per-run script and decodes its reply. The caller has
-// bounded ctx by OpTimeout.
-func (s *Store) call(ctx context.Context, op, runID string, script *redis.Script, args ...any) (reply, error) {
-	raw, err := script.Run(ctx, s.scripter, keysOf(runID).list(), args...).Text()
+// call runs one per-run script and reads its reply. The caller has bounded
+// ctx by OpTimeout.
+func (s *Store) call(ctx context.Context, op, runID string, p *program, args ...any) (reply, error) {
+	v, err := s.exec(ctx, p, keysOf(runID).list(), args...).Result()
 	if err != nil {
 		return reply{}, s.fail(op, runID, err)
 	}
-	return s.decode(op, runID, raw)
+	return s.decode(op, runID, v)
 }
 
-// decode reads a per-run script's reply.
-func (s *Store) decode(op, runID, raw string) (reply, error) {
-	var r reply
-	if err := json.Unmarshal([]byte(raw), &r); err != nil {
-		return reply{}, fmt.Errorf("redis %s run %s: decode the script's reply: %w", op, runID, err)
+// decode reads a per-run program's reply.
+func (s *Store) decode(op, runID string, v any) (reply, error) {
+	r, err := parseReply(v)
+	if err != nil {
+		return reply{}, fmt.Errorf("redis %s run %s: %w", op, runID, err)
 	}
-	if r.Run != nil {
+	if r.row != nil {
 		s.known.add(runID)
 	}
 	return r, nil
 }
 
-// conflictOf is the *state.Conflict a script reported.
-func conflictOf(runID string, r reply) error {
-	c := &state.Conflict{Code: r.Conflict, Run: runOf(runID, r.Run), Detail: r.Detail}
-	if r.Intent != nil {
-		in := r.Intent.intent(runID)
-		c.Intent = &in
+// failure is the error a script's reply stands for, or nil for ok and
+// refused: a conflict, a run or intent not found.
+func failure(runID, key string, r reply) error {
+	switch r.result {
+	case "ok", "refused":
+		return nil
+	case "notfound":
+		if r.code == "intent" {
+			return fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
+		}
+		return fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+	case "conflict":
+		c := &state.Conflict{Code: r.code, Run: runOf(runID, r.row), Detail: r.detail}
+		if r.intent != nil {
+			in, err := r.intent.intent(runID)
+			if err != nil {
+				return err
+			}
+			c.Intent = &in
+		}
+		return c
 	}
-	return c
-}
-
-func notFound(runID string, r reply, key string) error {
-	if r.NotFound == "intent" {
-		return fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
-	}
-	return fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
+	return fmt.Errorf("redis run %s: the script answered %q", runID, r.result)
 }
 
 func flag(b bool) string {
@@ -385,14 +388,14 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	if err := s.index(ctx, "admit", req.RunID, indexCreate); err != nil {
 		return state.AdmitResult{}, err
 	}
-	r, err := s.call(ctx, "admit", req.RunID, admitScript, req.Actor, req.Reason)
+	r, err := s.call(ctx, "admit", req.RunID, admitProgram, req.Actor, req.Reason)
 	if err != nil {
 		return state.AdmitResult{}, err
 	}
-	if r.Conflict != "" {
-		return state.AdmitResult{}, conflictOf(req.RunID, r)
+	if err := failure(req.RunID, "", r); err != nil {
+		return state.AdmitResult{}, err
 	}
-	return state.AdmitResult{Run: runOf(req.RunID, r.Run), Created: r.Changed}, nil
+	return state.AdmitResult{Run: runOf(req.RunID, r.row), Created: r.changed}, nil
 }
 
 // Cancel is the compare-and-set ACTIVE → CANCELLING (or a tombstone for an
@@ -413,15 +416,15 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	if s.cancelReplicas > 0 {
 		r, err = s.cancelReplicated(ctx, req)
 	} else {
-		r, err = s.call(ctx, "cancel", req.RunID, cancelScript, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "0")
+		r, err = s.call(ctx, "cancel", req.RunID, cancelProgram, req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "0")
 	}
 	if err != nil {
 		return state.CancelResult{}, err
 	}
-	if r.Conflict != "" {
-		return state.CancelResult{}, conflictOf(req.RunID, r)
+	if err := failure(req.RunID, "", r); err != nil {
+		return state.CancelResult{}, err
 	}
-	return state.CancelResult{Run: runOf(req.RunID, r.Run), Changed: r.Changed}, nil
+	return state.CancelResult{Run: runOf(req.RunID, r.row), Changed: r.changed}, nil
 }
 
 // cancelReplicated runs the cancel script, then WAIT, on one connection to
@@ -436,12 +439,12 @@ func (s *Store) cancelReplicated(ctx context.Context, req state.CancelRequest) (
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	raw, err := cancelScript.Run(ctx, conn, k.list(), req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "1").Text()
+	v, err := s.execOn(ctx, conn, cancelProgram, k.list(), req.Actor, req.Reason, ms(req.DrainTimeout), cancelChannel, req.RunID, "1").Result()
 	if err != nil {
 		return reply{}, s.fail("cancel", req.RunID, err)
 	}
-	r, err := s.decode("cancel", req.RunID, raw)
-	if err != nil || r.Conflict != "" {
+	r, err := s.decode("cancel", req.RunID, v)
+	if err != nil || r.result != "ok" {
 		return r, err
 	}
 	// WAIT must answer before the operation's deadline, or its answer is lost.
@@ -486,20 +489,19 @@ func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.
 	if err := s.index(ctx, "complete", req.RunID, indexEnd); err != nil {
 		return state.Run{}, err
 	}
-	r, err := s.call(ctx, "complete", req.RunID, completeScript, req.Actor, req.Reason, req.Version)
+	r, err := s.call(ctx, "complete", req.RunID, completeProgram, req.Actor, req.Reason, req.Version)
 	if err != nil {
 		return state.Run{}, err
 	}
-	if r.NotFound != "" {
-		return state.Run{}, notFound(req.RunID, r, "")
+	if err := failure(req.RunID, "", r); err != nil {
+		return state.Run{}, err
 	}
-	if r.Conflict != "" {
-		return state.Run{}, conflictOf(req.RunID, r)
-	}
-	return runOf(req.RunID, r.Run), nil
+	return runOf(req.RunID, r.row), nil
 }
 
-// Guard is the one atomic check-and-record of an effect.
+// Guard is the one atomic check-and-record of an effect. An admitted
+// guard's Run carries the row's status and version only (the script reads
+// no more of it); a refusal carries the whole row.
 func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
@@ -514,6 +516,14 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 			return state.GuardResult{}, err
 		}
 	}
+	r, err := s.batches.do(ctx, s, req.RunID, "guard", 'g', guardArgs(req))
+	if err != nil {
+		return state.GuardResult{}, err
+	}
+	return s.guardResult(ctx, req, r)
+}
+
+func guardArgs(req state.GuardRequest) []any {
 	notBefore := ""
 	if !req.NotBefore.IsZero() {
 		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
@@ -522,20 +532,30 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if !req.NotAfter.IsZero() {
 		notAfter = strconv.FormatInt(req.NotAfter.UnixMilli(), 10)
 	}
-	r, err := s.call(ctx, "guard", req.RunID, guardScript,
-		req.Actor, req.ObservedVersion, req.Key, flag(req.ExplicitKey), string(req.Boundary),
-		req.Method, req.Target, req.BodyDigest, flag(req.AutoAdmit), flag(req.AllowCancelling),
-		notBefore, req.LeaseOwner, ms(req.LeaseTTL), notAfter, req.Refuse)
-	if err != nil {
-		return state.GuardResult{}, err
-	}
-	if r.Late {
+	flags := flag(req.ExplicitKey) + flag(req.AutoAdmit) + flag(req.AllowCancelling)
+	return []any{req.Actor, req.ObservedVersion, req.Key, flags, string(req.Boundary),
+		req.Method, req.Target, req.BodyDigest, notBefore, req.LeaseOwner, ms(req.LeaseTTL), notAfter, req.Refuse}
+}
+
+func (s *Store) guardResult(ctx context.Context, req state.GuardRequest, r reply) (state.GuardResult, error) {
+	switch r.result {
+	case "late":
 		return state.GuardResult{}, fmt.Errorf("redis guard run %s on %s: %w: Redis ran the guard after its deadline %s (by the server's clock); nothing was recorded",
 			req.RunID, s.addr, state.ErrUnavailable, req.NotAfter.UTC().Format(time.RFC3339Nano))
+	case "ok", "refused":
+	default:
+		return state.GuardResult{}, fmt.Errorf("redis guard run %s: the script answered %q", req.RunID, r.result)
 	}
-	res := state.GuardResult{Admitted: r.Admitted, Refusal: r.Refusal, Run: state.Run{ID: req.RunID}}
-	if r.Run != nil {
-		res.Run = runOf(req.RunID, r.Run)
+	res := state.GuardResult{Admitted: r.result == "ok", Refusal: r.code, Run: state.Run{ID: req.RunID}}
+	if r.row != nil {
+		res.Run = runOf(req.RunID, r.row)
+	}
+	if r.intent != nil {
+		in, err := r.intent.intent(req.RunID)
+		if err != nil {
+			return state.GuardResult{}, err
+		}
+		res.Intent = in
 	}
 	if !res.Admitted && res.Run.Final() && !res.Run.PrunedAt.IsZero() {
 		// A refusal recorded against a pruned run: retention must find
@@ -544,9 +564,6 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 		if err := s.index(ctx, "guard", req.RunID, indexEnd); err != nil {
 			s.log.Warn("a refusal of a pruned run is not in the retention index", "run_id", req.RunID, "err", err)
 		}
-	}
-	if r.Intent != nil {
-		res.Intent = r.Intent.intent(req.RunID)
 	}
 	return res, nil
 }
@@ -558,18 +575,25 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	r, err := s.call(ctx, "finish", req.RunID, finishScript,
-		req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason, req.Source)
+	r, err := s.batches.do(ctx, s, req.RunID, "finish", 'f', finishArgs(req))
 	if err != nil {
 		return state.Intent{}, err
 	}
-	if r.NotFound != "" {
-		return state.Intent{}, notFound(req.RunID, r, req.Key)
+	return finishResult(req, r)
+}
+
+func finishArgs(req state.FinishRequest) []any {
+	return []any{req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason, req.Source}
+}
+
+func finishResult(req state.FinishRequest, r reply) (state.Intent, error) {
+	if err := failure(req.RunID, req.Key, r); err != nil {
+		return state.Intent{}, err
 	}
-	if r.Conflict != "" {
-		return state.Intent{}, conflictOf(req.RunID, r)
+	if r.intent == nil {
+		return state.Intent{}, fmt.Errorf("redis finish run %s: the script answered no intent", req.RunID)
 	}
-	return r.Intent.intent(req.RunID), nil
+	return r.intent.intent(req.RunID)
 }
 
 // Note appends one event about an intent and changes nothing else.
@@ -579,14 +603,11 @@ func (s *Store) Note(ctx context.Context, req state.NoteRequest) error {
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	r, err := s.call(ctx, "note", req.RunID, noteScript, req.Actor, req.Key, req.Kind, req.Reason)
+	r, err := s.call(ctx, "note", req.RunID, noteProgram, req.Actor, req.Key, req.Kind, req.Reason)
 	if err != nil {
 		return err
 	}
-	if r.NotFound != "" {
-		return notFound(req.RunID, r, req.Key)
-	}
-	return nil
+	return failure(req.RunID, req.Key, r)
 }
 
 // Resolve reconciles an UNKNOWN intent, then finalizes the run.
@@ -596,18 +617,15 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	r, err := s.call(ctx, "resolve", req.RunID, resolveScript,
+	r, err := s.call(ctx, "resolve", req.RunID, resolveProgram,
 		req.Actor, req.Key, flag(req.Applied), req.Source, req.Note)
 	if err != nil {
 		return state.Intent{}, err
 	}
-	if r.NotFound != "" {
-		return state.Intent{}, notFound(req.RunID, r, req.Key)
+	if err := failure(req.RunID, req.Key, r); err != nil {
+		return state.Intent{}, err
 	}
-	if r.Conflict != "" {
-		return state.Intent{}, conflictOf(req.RunID, r)
-	}
-	return r.Intent.intent(req.RunID), nil
+	return r.intent.intent(req.RunID)
 }
 
 // Renew extends the owner's leases: one script per run named in refs.
@@ -628,15 +646,19 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 	out := state.RenewResult{Runs: map[string]state.Run{}}
 	for _, id := range runs {
 		args := append([]any{req.Owner, ms(req.TTL)}, byRun[id]...)
-		r, err := s.call(ctx, "renew", id, renewScript, args...)
+		r, err := s.call(ctx, "renew", id, renewProgram, args...)
 		if err != nil {
 			return state.RenewResult{}, err
 		}
-		if r.Run != nil {
-			out.Runs[id] = runOf(id, r.Run)
+		if r.row != nil {
+			out.Runs[id] = runOf(id, r.row)
 		}
-		for _, rec := range r.Renewed {
-			out.Renewed = append(out.Renewed, rec.intent(id))
+		for _, k := range r.more {
+			in, err := k.intent(id)
+			if err != nil {
+				return state.RenewResult{}, err
+			}
+			out.Renewed = append(out.Renewed, in)
 		}
 	}
 	return out, nil
@@ -649,35 +671,59 @@ func (s *Store) Tick(ctx context.Context, req state.TickRequest) (state.Run, err
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	r, err := s.call(ctx, "tick", req.RunID, tickScript, req.Actor)
+	r, err := s.call(ctx, "tick", req.RunID, tickProgram, req.Actor)
 	if err != nil {
 		return state.Run{}, err
 	}
-	if r.NotFound != "" {
-		return state.Run{}, notFound(req.RunID, r, "")
+	if err := failure(req.RunID, "", r); err != nil {
+		return state.Run{}, err
 	}
-	return runOf(req.RunID, r.Run), nil
+	return runOf(req.RunID, r.row), nil
 }
 
-// Get returns the row. One HGETALL: the scripts write the row whole, so a
-// read sees one step's result or the next.
+// rowFields are the row's own fields in the run's hash (lua/prelude.lua,
+// ROW); the rest of the hash holds its intents.
+var rowFields = []string{"status", "v", "reason", "status_reason", "created", "updated", "cancelled", "drain", "t",
+	"o", "pruned", "n:IN_FLIGHT", "n:SCHEDULED", "n:RESPONDED", "n:NOT_SENT", "n:UNKNOWN",
+	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED"}
+
+// rowOf turns the values of an HMGET of rowFields into a row hash; nil
+// for a run never seen.
+func rowOf(vals []any) map[string]string {
+	if len(vals) == 0 || vals[0] == nil {
+		return nil
+	}
+	m := make(map[string]string, len(vals))
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			m[rowFields[i]] = s
+		}
+	}
+	return m
+}
+
+// Get returns the row. One HMGET: a script writes the row's fields in one
+// HSET, so a read sees one step's result or the next.
 func (s *Store) Get(ctx context.Context, runID string) (state.Run, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return state.Run{}, err
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	m, err := s.rdb.HGetAll(ctx, keysOf(runID).row).Result()
+	vals, err := s.rdb.HMGet(ctx, keysOf(runID).row, rowFields...).Result()
 	if err != nil {
 		return state.Run{}, s.fail("get", runID, err)
 	}
-	if len(m) == 0 {
+	m := rowOf(vals)
+	if m == nil {
 		return state.Run{}, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
 	}
 	return runOf(runID, m), nil
 }
 
-// Intent returns one intent.
+// Intent returns one intent: its two fields in the run's hash, read in
+// one HMGET with the row's layout mark (a run not yet moved to layout 2
+// keeps its intents in a hash of their own).
 func (s *Store) Intent(ctx context.Context, runID, key string) (state.Intent, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return state.Intent{}, err
@@ -687,22 +733,42 @@ func (s *Store) Intent(ctx context.Context, runID, key string) (state.Intent, er
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	raw, err := s.rdb.HGet(ctx, keysOf(runID).intents, key).Result()
-	if errors.Is(err, redis.Nil) {
-		return state.Intent{}, fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
-	}
+	k := keysOf(runID)
+	vals, err := s.rdb.HMGet(ctx, k.row, "status", "o", "i:"+key, "s:"+key).Result()
 	if err != nil {
 		return state.Intent{}, s.fail("intent", runID, err)
 	}
-	var rec record
-	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
-		return state.Intent{}, fmt.Errorf("redis intent %s of run %s: decode: %w", key, runID, err)
+	str := func(i int) (string, bool) { v, ok := vals[i].(string); return v, ok }
+	notFound := fmt.Errorf("%w: intent %s of run %s", state.ErrNotFound, key, runID)
+	if _, ok := str(0); !ok {
+		return state.Intent{}, notFound
 	}
-	return rec.intent(runID), nil
+	if _, ok := str(1); !ok {
+		raw, err := s.rdb.HGet(ctx, k.legacy, key).Result()
+		if errors.Is(err, redis.Nil) {
+			return state.Intent{}, notFound
+		}
+		if err != nil {
+			return state.Intent{}, s.fail("intent", runID, err)
+		}
+		in, _, err := decodeLegacy(runID, key, raw)
+		return in, err
+	}
+	imm, ok1 := str(2)
+	mut, ok2 := str(3)
+	if !ok1 || !ok2 {
+		return state.Intent{}, notFound
+	}
+	in, _, err := decodeIntent(runID, key, imm, mut)
+	if err != nil {
+		return state.Intent{}, fmt.Errorf("redis intent: %w", err)
+	}
+	return in, nil
 }
 
-// Intents returns the run's intents in creation order, read in one
-// MULTI/EXEC so the order list and the records agree.
+// Intents returns the run's intents in creation order (each record's
+// ordinal), read in one MULTI/EXEC so that the run's hash and a legacy
+// intents hash agree.
 func (s *Store) Intents(ctx context.Context, runID string) ([]state.Intent, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
@@ -710,33 +776,55 @@ func (s *Store) Intents(ctx context.Context, runID string) ([]state.Intent, erro
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	k := keysOf(runID)
-	var exists *redis.IntCmd
-	var order *redis.StringSliceCmd
-	var all *redis.MapStringStringCmd
+	var all, legacy *redis.MapStringStringCmd
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		exists = p.Exists(ctx, k.row)
-		order = p.LRange(ctx, k.order, 0, -1)
-		all = p.HGetAll(ctx, k.intents)
+		all = p.HGetAll(ctx, k.row)
+		legacy = p.HGetAll(ctx, k.legacy)
 		return nil
 	})
 	if err != nil {
 		return nil, s.fail("intents", runID, err)
 	}
-	if exists.Val() == 0 {
+	h := all.Val()
+	if len(h) == 0 {
 		return nil, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
 	}
-	recs := all.Val()
-	out := make([]state.Intent, 0, len(order.Val()))
-	for _, key := range order.Val() {
-		raw, ok := recs[key]
+	type ordered struct {
+		in  state.Intent
+		ord int64
+	}
+	var recs []ordered
+	for field, imm := range h {
+		key, ok := strings.CutPrefix(field, "i:")
 		if !ok {
 			continue
 		}
-		var rec record
-		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
-			return nil, fmt.Errorf("redis intent %s of run %s: decode: %w", key, runID, err)
+		mut, ok := h["s:"+key]
+		if !ok {
+			continue
 		}
-		out = append(out, rec.intent(runID))
+		in, ord, err := decodeIntent(runID, key, imm, mut)
+		if err != nil {
+			return nil, fmt.Errorf("redis intents: %w", err)
+		}
+		recs = append(recs, ordered{in, ord})
+	}
+	for key, raw := range legacy.Val() {
+		in, ord, err := decodeLegacy(runID, key, raw)
+		if err != nil {
+			return nil, fmt.Errorf("redis intents: %w", err)
+		}
+		recs = append(recs, ordered{in, ord})
+	}
+	slices.SortFunc(recs, func(a, b ordered) int {
+		if c := cmp.Compare(a.ord, b.ord); c != 0 {
+			return c
+		}
+		return strings.Compare(a.in.Key, b.in.Key)
+	})
+	out := make([]state.Intent, len(recs))
+	for i, r := range recs {
+		out[i] = r.in
 	}
 	return out, nil
 }
@@ -764,23 +852,7 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	}
 	out := make([]state.Event, 0, len(msgs.Val()))
 	for _, m := range msgs.Val() {
-		str := func(k string) string {
-			v, _ := m.Values[k].(string)
-			return v
-		}
-		at, _ := strconv.ParseInt(str("at"), 10, 64)
-		v, _ := strconv.ParseInt(str("v"), 10, 64)
-		out = append(out, state.Event{
-			At:      msTime(at),
-			RunID:   runID,
-			Actor:   str("actor"),
-			Kind:    str("kind"),
-			Reason:  str("reason"),
-			From:    str("from"),
-			To:      str("to"),
-			Intent:  str("intent"),
-			Version: v,
-		})
+		out = append(out, eventOf(runID, m.ID, m.Values))
 	}
 	return out, nil
 }

@@ -58,6 +58,7 @@ func Run(t *testing.T, open Open) {
 		{"ActiveRunsArePagedInIDOrder", testActiveRuns},
 		{"PruneKeepsTheTombstoneAndDropsTheRecord", testPrune},
 		{"PruneTakesRecordsWrittenAfterAPrune", testPruneAgain},
+		{"TextsComeBackAsTheyWereWritten", testTexts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1288,4 +1289,54 @@ func testPruneAgain(t *testing.T, s state.Store) {
 		t.Fatalf("the refusal after the prune was never pruned: %+v", ins)
 	}
 	wantRun(t, get(t, s, "again"), state.StatusCancelled, 2)
+}
+
+// testTexts: whatever bytes a text holds (newlines, backslashes, spaces,
+// separators a store may use inside its records) comes back as written, in
+// the intent and in the audit log.
+func testTexts(t *testing.T, s state.Store) {
+	odd := "a b\\n\nc:1|2\\\\ \t\x00\x1f end\\"
+	admit(t, s, "tx")
+	g := guard(t, s, state.GuardRequest{RunID: "tx", Key: "k:1|x\\n", ExplicitKey: true, Method: "PO ST\n" + odd,
+		Target: "https://api.example/p a\\th?" + odd, BodyDigest: odd, LeaseOwner: "proxy:" + odd, Actor: "actor " + odd})
+	if !g.Admitted {
+		t.Fatalf("guard with odd texts: %+v", g)
+	}
+	in := intent(t, s, "tx", "k:1|x\\n")
+	if in.Method != "PO ST\n"+odd || in.Target != "https://api.example/p a\\th?"+odd || in.BodyDigest != odd || in.LeaseOwner != "proxy:"+odd {
+		t.Fatalf("intent texts came back as %q %q %q %q", in.Method, in.Target, in.BodyDigest, in.LeaseOwner)
+	}
+	out, err := s.Finish(ctx(t), state.FinishRequest{RunID: "tx", Key: in.Key, Attempt: in.Attempts, Outcome: state.IntentUnknown,
+		Reason: "reason " + odd, Actor: "actor " + odd})
+	if err != nil || out.Reason != "reason "+odd {
+		t.Fatalf("finish with an odd reason: %+v %v", out, err)
+	}
+	if err := s.Note(ctx(t), state.NoteRequest{RunID: "tx", Key: in.Key, Kind: state.EventIntentCut, Reason: "note " + odd, Actor: "actor " + odd}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: "tx", Key: in.Key, Applied: true, Source: "src " + odd, Note: "n " + odd, Actor: "actor " + odd})
+	if err != nil || res.Source != "src "+odd || res.Note != "n "+odd {
+		t.Fatalf("resolve with odd texts: %+v %v", res, err)
+	}
+	if got := intent(t, s, "tx", in.Key); got.Reason != "reason "+odd || got.Source != "src "+odd || got.Note != "n "+odd || got.Method != in.Method {
+		t.Fatalf("intent after resolve: %+v", got)
+	}
+	evs, err := s.Events(ctx(t), "tx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range evs {
+		if e.Actor != "actor "+odd && e.Kind != state.EventRunAdmitted {
+			t.Errorf("event %s has actor %q", e.Kind, e.Actor)
+		}
+		if e.Kind != state.EventRunAdmitted && e.Intent != in.Key {
+			t.Errorf("event %s names intent %q", e.Kind, e.Intent)
+		}
+		reasons = append(reasons, e.Reason)
+	}
+	want := []string{"", "", "reason " + odd, "note " + odd, "src " + odd + ": n " + odd}
+	if !slices.Equal(reasons, want) {
+		t.Fatalf("event reasons %q, want %q", reasons, want)
+	}
 }

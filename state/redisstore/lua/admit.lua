@@ -5,12 +5,12 @@ local actor, reason = ARGV[1], ARGV[2]
 local run = load_run()
 if run then
   if run.status ~= 'ACTIVE' then
-    return cjson.encode({run = run, conflict = 'run_not_active'})
+    return reply('conflict', 'run_not_active', run)
   end
-  return cjson.encode({run = run})
+  return reply('ok', '', run)
 end
 local now = now_ms(nil)
-run = {status = 'ACTIVE', v = '1', created = int(now), updated = int(now)}
-event(run, now, actor, 'run.admitted', {to = 'ACTIVE', reason = reason})
+run = {status = 'ACTIVE', v = '1', o = '0', created = int(now), updated = int(now)}
+event(run, actor, 'run.admitted', reason, '', 'ACTIVE')
 commit(run, now)
-return cjson.encode({run = run, changed = true})
+return reply('ok', '', run)

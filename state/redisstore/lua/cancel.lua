@@ -13,21 +13,21 @@ local run = load_run()
 local now = now_ms(run)
 if not run then
   -- A tombstone: the run can never be admitted later.
-  run = {status = 'CANCELLED', v = '2', reason = reason,
+  run = {status = 'CANCELLED', v = '2', o = '0', reason = reason,
     created = int(now), updated = int(now), cancelled = int(now)}
-  event(run, now, actor, 'run.cancel', {to = 'CANCELLED', reason = reason})
+  event(run, actor, 'run.cancel', reason, '', 'CANCELLED')
   commit(run, now)
-  redis.call('PUBLISH', channel, run_id)
-  return cjson.encode({run = run, changed = true})
+  call('PUBLISH', channel, run_id)
+  return reply('ok', '', run)
 end
 if run.status == 'COMPLETED' then
-  return cjson.encode({run = run, conflict = 'run_not_active'})
+  return reply('conflict', 'run_not_active', run)
 end
 if run.status ~= 'ACTIVE' then
   if sync then
-    redis.call('HSET', K_RUN, 't', run.t or int(now))
+    call('HSET', K_RUN, 't', run.t or int(now))
   end
-  return cjson.encode({run = run})
+  return reply('ok', '', run)
 end
 run.status = 'CANCELLING'
 run.v = int(tonumber(run.v) + 1)
@@ -35,14 +35,14 @@ run.reason = reason
 run.cancelled = int(now)
 run.updated = int(now)
 run.drain = int(now + drain)
-event(run, now, actor, 'run.cancel', {from = 'ACTIVE', to = 'CANCELLING', reason = reason})
-for _, key in ipairs(redis.call('ZRANGE', K_SCHED, 0, -1)) do
+event(run, actor, 'run.cancel', reason, 'ACTIVE', 'CANCELLING')
+for _, key in ipairs(call('ZRANGE', K_SCHED, 0, -1)) do
   local it = load_intent(key)
   if it and it.state == 'SCHEDULED' then
     force(run, it, now, actor, 'REVOKED', 'run_cancelled', 'intent.revoked')
   end
 end
-redis.call('DEL', K_SCHED)
+call('DEL', K_SCHED)
 commit(run, now)
-redis.call('PUBLISH', channel, run_id)
-return cjson.encode({run = run, changed = true})
+call('PUBLISH', channel, run_id)
+return reply('ok', '', run)

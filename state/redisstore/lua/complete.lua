@@ -3,19 +3,18 @@
 local actor, reason, version = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local run = load_run()
 if not run then
-  return cjson.encode({notfound = 'run'})
+  return reply('notfound', 'run')
 end
 if run.status ~= 'ACTIVE' then
-  return cjson.encode({run = run, conflict = 'run_not_active'})
+  return reply('conflict', 'run_not_active', run)
 end
 if tonumber(run.v) ~= version then
-  return cjson.encode({run = run, conflict = 'stale_version',
-    detail = 'completion observed cancel_version ' .. ARGV[3]})
+  return reply('conflict', 'stale_version', run, nil, 'completion observed cancel_version ' .. ARGV[3])
 end
 local now = now_ms(run)
 run.status = 'COMPLETED'
 run.reason = reason
 run.updated = int(now)
-event(run, now, actor, 'run.completed', {from = 'ACTIVE', to = 'COMPLETED', reason = reason})
+event(run, actor, 'run.completed', reason, 'ACTIVE', 'COMPLETED')
 commit(run, now)
-return cjson.encode({run = run, changed = true})
+return reply('ok', '', run)

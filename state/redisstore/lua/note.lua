@@ -1,14 +1,14 @@
 -- note: ARGV actor, key, kind, reason.
 -- Appends one event about an existing intent; nothing else changes.
 local actor, key, kind, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local run = load_run()
+local run = load_fields({'status', 'o', 'v', 't'})
 if not run then
-  return cjson.encode({notfound = 'run'})
+  return reply('notfound', 'run')
 end
-if redis.call('HEXISTS', K_INTENTS, key) == 0 then
-  return cjson.encode({notfound = 'intent'})
+if call('HEXISTS', K_RUN, 's:' .. key) == 0 then
+  return reply('notfound', 'intent')
 end
 local now = now_ms(run)
-event(run, now, actor, kind, {reason = reason, intent = key})
+event(run, actor, kind, reason, '', '', key)
 commit(run, now)
-return cjson.encode({run = run})
+return reply('ok')

@@ -1,21 +1,43 @@
--- prelude.lua is concatenated in front of every per-run script, so the rules
--- that several operations share (time, counts, audit, lease expiry,
--- finalize) are written once. See docs/state-machine.md for the rules.
+-- prelude.lua comes first in the library of stopgate's Redis functions (or,
+-- where Redis has no functions, in front of every script), so the rules
+-- several operations share (time, counts, audit, the intent record, lease
+-- expiry, finalize, the reply) are written once. See
+-- docs/state-machine.md for the rules and docs/redis.md for the layout.
 --
--- KEYS, the same for every per-run script; all carry the hash tag {RUN}, so a
--- script touches one slot and runs unchanged on Redis Cluster:
---   1 run row (hash)                 2 intents (hash: key -> JSON)
---   3 creation order (list of keys)  4 derived-key counters (hash: base -> n)
---   5 leases (zset: expiry ms -> key of an IN_FLIGHT intent)
+-- KEYS, the same for every per-run operation; all carry the hash tag {RUN},
+-- so an operation touches one slot and runs unchanged on Redis Cluster:
+--   1 run (hash): the row's fields, and every intent of the run in two
+--     fields, i:KEY (what the guard recorded once) and s:KEY (what moves)
+--   2 intents of a run written before layout 2 (hash: key -> JSON)
+--   3 creation order of those (list of keys)
+--   4 derived-key counters (hash: base -> n, only for bases used twice)
+--   5 leases (zset: -expiry ms -> key of an IN_FLIGHT intent; negative, so
+--     that a new lease, the latest to expire, goes to the head of a small
+--     sorted set, which Redis keeps as a list it scans from the head)
 --   6 scheduled retries (zset: creation ordinal -> key of a SCHEDULED intent)
 --   7 audit log (stream)
-local K_RUN, K_INTENTS, K_ORDER, K_SEQ, K_INFLIGHT, K_SCHED, K_EVENTS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+--
+-- As a function library this code runs once, when the library loads, and
+-- its locals outlive each call: begin resets every one of them at the start
+-- of a call, so no call sees another's state.
+local K_RUN, K_LEGACY, K_ORDER, K_SEQ, K_INFLIGHT, K_SCHED, K_EVENTS
+local A -- the call's arguments
+local call
 
 -- changed turns true with the first audit event: every change of a run or an
 -- intent is audited, so a step without events wrote nothing and need not
--- save the row (Tick runs often; a no-op must not cost an AOF fsync).
+-- save the row (Tick runs often; a no-op must not cost an AOF write).
 local changed = false
+
+-- The row is a table of strings, intents' fields included once a step
+-- writes them. loaded keeps the values read, so that a step writes back
+-- only the fields it changed, all in one HSET: the row and the intents of
+-- a step are saved together.
+local loaded
+
+-- clock is the server time of the call, read once (TIME) for all the steps
+-- of a batch: they run in one atomic step of the server, at one instant.
+local clock
 
 -- Numbers go to Redis as decimal integers; left to Redis, a Lua number may
 -- be written in exponent form.
@@ -23,41 +45,182 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- The row as a table of strings, or nil for a run never seen.
-local function load_run()
-  local flat = redis.call('HGETALL', K_RUN)
-  if #flat == 0 then
+local function begin(keys, args)
+  K_RUN, K_LEGACY, K_ORDER, K_SEQ, K_INFLIGHT, K_SCHED, K_EVENTS =
+    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+  A = args
+  call = redis.call
+  changed, loaded, clock = false, nil, nil
+end
+
+-- The server's clock in ms, read once per call.
+local function server_ms()
+  if not clock then
+    local t = call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return clock
+end
+
+-- The row's own fields (the intents' are read by name where needed).
+local ROW = {'status', 'v', 'reason', 'status_reason', 'created', 'updated', 'cancelled', 'drain', 't',
+  'o', 'pruned', 'n:IN_FLIGHT', 'n:SCHEDULED', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN',
+  'n:CANCELLED_BEFORE_DISPATCH', 'n:REVOKED', 'n:APPLIED', 'n:NOT_APPLIED'}
+
+-- An intent in a step: a table of named fields and its key.
+--
+-- Stored in two fields of the run's hash, each made by concatenation and
+-- read back with one string.match, so that a step never encodes or decodes
+-- more than it touches:
+--   i:KEY  "boundary created ord observed" then, a line each: method,
+--          target, digest
+--   s:KEY  "state attempts refusals code lease updated not_before" then, a
+--          line each: owner, reason, source, note
+-- A text with a newline or a backslash in it is escaped (\n, \\); an empty
+-- not_before is "-". An outcome rewrites s:KEY alone.
+local ESC = {['\\'] = '\\\\', ['\n'] = '\\n'}
+local UNESC = {['\\\\'] = '\\', ['\\n'] = '\n'}
+
+local function esc(s)
+  if string.find(s, '\n', 1, true) or string.find(s, '\\', 1, true) then
+    return (string.gsub(s, '[\n\\]', ESC))
+  end
+  return s
+end
+
+local function unesc(s)
+  if string.find(s, '\\', 1, true) then
+    return (string.gsub(s, '\\[\\n]', UNESC))
+  end
+  return s
+end
+
+local function imm_of(it)
+  return it.boundary .. ' ' .. int(it.created_at) .. ' ' .. int(it.ord) .. ' ' .. it.observed_version ..
+    '\n' .. esc(it.method) .. '\n' .. esc(it.target) .. '\n' .. esc(it.body_digest)
+end
+
+local function mut_of(it)
+  local nb = it.not_before
+  if nb == '' then
+    nb = '-'
+  end
+  return it.state .. ' ' .. int(it.attempts) .. ' ' .. int(it.refusals) .. ' ' .. int(it.status_code) .. ' ' ..
+    int(it.lease_expires) .. ' ' .. int(it.updated_at) .. ' ' .. nb .. '\n' .. esc(it.lease_owner) .. '\n' ..
+    esc(it.reason) .. '\n' .. esc(it.source) .. '\n' .. esc(it.note)
+end
+
+local function decode_intent(key, imm, mut)
+  local it = {key = key}
+  local b, c, o, ov, m, t, d = string.match(imm, '^(%S+) (%d+) (%d+) (%S+)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  it.boundary, it.created_at, it.ord, it.observed_version = b, tonumber(c), tonumber(o), ov
+  it.method, it.target, it.body_digest = unesc(m), unesc(t), unesc(d)
+  local st, at, rf, code, lease, upd, nb, ow, re, so, no =
+    string.match(mut, '^(%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S+)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  it.state, it.attempts, it.refusals, it.status_code = st, tonumber(at), tonumber(rf), tonumber(code)
+  it.lease_expires, it.updated_at = tonumber(lease), tonumber(upd)
+  if nb == '-' then
+    nb = ''
+  end
+  it.not_before = nb
+  it.lease_owner, it.reason, it.source, it.note = unesc(ow), unesc(re), unesc(so), unesc(no)
+  return it
+end
+
+-- A record of a run written before layout 2 (JSON), as an intent.
+local function decode_legacy(key, raw)
+  local j = cjson.decode(raw)
+  local function s(v)
+    if v == nil or v == cjson.null then
+      return ''
+    end
+    return tostring(v)
+  end
+  local function n(v)
+    return tonumber(v) or 0
+  end
+  return {key = key, boundary = s(j.boundary), state = s(j.state), method = s(j.method), target = s(j.target),
+    body_digest = s(j.body_digest), status_code = n(j.status_code), attempts = n(j.attempts),
+    refusals = n(j.refusals), observed_version = s(j.observed_version) ~= '' and s(j.observed_version) or '0',
+    reason = s(j.reason), source = s(j.source), note = s(j.note), lease_owner = s(j.lease_owner),
+    lease_expires = n(j.lease_expires), not_before = s(j.not_before), created_at = n(j.created_at),
+    updated_at = n(j.updated_at), ord = n(j.ord)}
+end
+
+-- A run written before layout 2 keeps its intents in a hash of their own:
+-- the first step of this layout on it moves them into the run's hash, once.
+local function upgrade(run)
+  local flat = call('HGETALL', K_LEGACY)
+  local ord = call('LLEN', K_ORDER)
+  local args = {'HSET', K_RUN}
+  for i = 1, #flat, 2 do
+    local it = decode_legacy(flat[i], flat[i + 1])
+    args[#args + 1] = 'i:' .. it.key
+    args[#args + 1] = imm_of(it)
+    args[#args + 1] = 's:' .. it.key
+    args[#args + 1] = mut_of(it)
+    if it.ord > ord then
+      ord = it.ord
+    end
+  end
+  run.o = int(ord)
+  args[#args + 1] = 'o'
+  args[#args + 1] = run.o
+  call(unpack(args))
+  call('DEL', K_LEGACY, K_ORDER)
+  -- Leases were scored by expiry; this layout scores them by -expiry.
+  local leases = call('ZRANGE', K_INFLIGHT, 0, -1, 'WITHSCORES')
+  for i = 1, #leases, 2 do
+    call('ZADD', K_INFLIGHT, int(-tonumber(leases[i + 1])), leases[i])
+  end
+  loaded.o = run.o
+end
+
+-- Only the fields named (status first), or nil for a run never seen.
+-- Intent fields named come with the row. A run of the old layout is moved
+-- first, then read.
+local function load_fields(names)
+  local vals = call('HMGET', K_RUN, unpack(names))
+  if not vals[1] then
     return nil
   end
   local run = {}
-  for i = 1, #flat, 2 do
-    run[flat[i]] = flat[i + 1]
+  loaded = {}
+  for i, name in ipairs(names) do
+    if vals[i] then
+      run[name] = vals[i]
+      loaded[name] = vals[i]
+    end
+  end
+  if not run.o and call('HEXISTS', K_RUN, 'o') == 0 then
+    upgrade(run)
+    return load_fields(names)
   end
   return run
 end
 
--- The whole row is written back at the end of a step: one HSET, and the
--- row's fields and counts can never be saved half-way.
-local function save_run(run)
-  local args = {}
+-- The whole row (its own fields), or nil for a run never seen.
+local function load_run()
+  return load_fields(ROW)
+end
+
+-- The row's own fields as a flat list for a reply.
+local function flat_row(run)
+  local flat = {}
   for k, v in pairs(run) do
-    args[#args + 1] = k
-    args[#args + 1] = v
+    local c = string.byte(k, 2)
+    if c ~= 58 or string.byte(k, 1) == 110 then -- not i:KEY or s:KEY (n:STATE is the row's)
+      flat[#flat + 1] = k
+      flat[#flat + 1] = v
+    end
   end
-  redis.call('HSET', K_RUN, unpack(args))
+  return flat
 end
 
--- The server's clock in ms.
-local function server_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- Server time in ms (read now, or once by the caller as at), never earlier
--- than the run's last step (field t), so the audit log of a run reads in
--- order even if the server clock steps back.
-local function now_ms(run, at)
-  local now = at or server_ms()
+-- Server time in ms, never earlier than the run's last step (field t), so
+-- the times of a run's records never go back even if the server clock does.
+local function now_ms(run)
+  local now = server_ms()
   if run and run.t then
     local last = tonumber(run.t)
     if last and last > now then
@@ -68,7 +231,7 @@ local function now_ms(run, at)
 end
 
 -- Intent counts by state live in the row (fields n:STATE), moved in the same
--- step as the intent.
+-- step as the intent. A row read by fields must have read the two counts.
 local function count(run, from, to)
   if from and from ~= '' then
     run['n:' .. from] = int((tonumber(run['n:' .. from]) or 0) - 1)
@@ -82,38 +245,50 @@ local function n_of(run, st)
   return tonumber(run['n:' .. st]) or 0
 end
 
--- Appends one line to the run's audit log. The stream id orders events in
--- commit order; 'at' is the step's time and 'v' the row's version after it.
-local function event(run, now, actor, kind, f)
-  local args = {K_EVENTS, '*', 'at', int(now), 'actor', actor, 'kind', kind, 'v', run.v}
-  for _, name in ipairs({'reason', 'from', 'to', 'intent'}) do
-    local x = f[name]
-    if x and x ~= '' then
-      args[#args + 1] = name
-      args[#args + 1] = x
-    end
-  end
-  redis.call('XADD', unpack(args))
+-- Appends one line to the run's audit log: one stream entry with one field
+-- e, "kind version from to intent" (the version is the row's after the
+-- step; from, to and intent may be empty) then, a line each, actor and
+-- reason, escaped as texts of a record are. The stream id is the event's
+-- time (Redis keeps ids increasing).
+local function event_line(v, actor, kind, reason, from, to, intent)
+  return kind .. ' ' .. v .. ' ' .. (from or '') .. ' ' .. (to or '') .. ' ' .. (intent or '') .. '\n' ..
+    esc(actor) .. '\n' .. esc(reason or '')
+end
+
+local function event(run, actor, kind, reason, from, to, intent)
+  call('XADD', K_EVENTS, '*', 'e', event_line(run.v, actor, kind, reason, from, to, intent))
   changed = true
 end
 
+-- The intent under key, or nil.
 local function load_intent(key)
-  local raw = redis.call('HGET', K_INTENTS, key)
-  if not raw then
+  local v = call('HMGET', K_RUN, 'i:' .. key, 's:' .. key)
+  if not v[1] or not v[2] then
     return nil
   end
-  return cjson.decode(raw)
+  return decode_intent(key, v[1], v[2])
 end
 
-local function save_intent(it)
-  redis.call('HSET', K_INTENTS, it.key, cjson.encode(it))
+-- Puts the intent's fields in the row, to be written with it (commit);
+-- returns them, for the reply.
+local function save_intent(run, it)
+  local imm, mut = imm_of(it), mut_of(it)
+  run['i:' .. it.key] = imm
+  run['s:' .. it.key] = mut
+  return {it.key, imm, mut}
 end
 
--- A new record takes the next place in the creation order; its ordinal
--- sorts the scheduled retries and the intents a deadline cuts.
-local function new_intent(key, now)
-  local ord = redis.call('RPUSH', K_ORDER, key)
-  return {key = key, ord = ord, attempts = 0, refusals = 0, created_at = now, updated_at = now}
+-- The next creation ordinal of the run, kept in the row (field o).
+local function next_ord(run)
+  local o = (tonumber(run.o) or 0) + 1
+  run.o = int(o)
+  return o
+end
+
+local function new_intent(run, key, now)
+  return {key = key, boundary = '', state = '', method = '', target = '', body_digest = '', status_code = 0,
+    attempts = 0, refusals = 0, observed_version = '0', reason = '', source = '', note = '', lease_owner = '',
+    lease_expires = 0, not_before = '', created_at = now, updated_at = now, ord = next_ord(run)}
 end
 
 -- Moves an intent on by the step itself rather than by its carrier:
@@ -123,17 +298,17 @@ local function force(run, it, now, actor, to, why, kind)
   it.state = to
   it.reason = why
   it.updated_at = now
-  save_intent(it)
+  save_intent(run, it)
   count(run, from, to)
-  event(run, now, actor, kind, {from = from, to = to, reason = why, intent = it.key})
+  event(run, actor, kind, why, from, to, it.key)
 end
 
 -- Every IN_FLIGHT intent whose lease expired becomes UNKNOWN: a carrier that
 -- died is never taken as proof that nothing happened.
 local function expire_leases(run, now, actor)
-  local due = redis.call('ZRANGEBYSCORE', K_INFLIGHT, '-inf', int(now))
+  local due = call('ZRANGEBYSCORE', K_INFLIGHT, int(-now), '+inf')
   for _, key in ipairs(due) do
-    redis.call('ZREM', K_INFLIGHT, key)
+    call('ZREM', K_INFLIGHT, key)
     local it = load_intent(key)
     if it and it.state == 'IN_FLIGHT' then
       force(run, it, now, actor, 'UNKNOWN', 'lease_expired', 'intent.lease_expired')
@@ -146,10 +321,12 @@ local function move(run, now, actor, to, why)
   run.status = to
   run.status_reason = why
   run.updated = int(now)
-  event(run, now, actor, 'run.transition', {from = from, to = to, reason = why})
+  event(run, actor, 'run.transition', why, from, to)
 end
 
--- Moves a CANCELLING or UNKNOWN run on, as far as its intents allow.
+-- Moves a CANCELLING or UNKNOWN run on, as far as its intents allow. A row
+-- read by fields must have read status, drain and the IN_FLIGHT and
+-- UNKNOWN counts.
 local function finalize(run, now, actor)
   local inflight, unknown = n_of(run, 'IN_FLIGHT'), n_of(run, 'UNKNOWN')
   if run.status == 'CANCELLING' then
@@ -165,7 +342,7 @@ local function finalize(run, now, actor)
       end
     elseif now >= (tonumber(run.drain) or 0) then
       local cut = {}
-      for _, key in ipairs(redis.call('ZRANGE', K_INFLIGHT, 0, -1)) do
+      for _, key in ipairs(call('ZRANGE', K_INFLIGHT, 0, -1)) do
         local it = load_intent(key)
         if it and it.state == 'IN_FLIGHT' then
           cut[#cut + 1] = it
@@ -176,7 +353,7 @@ local function finalize(run, now, actor)
       for _, it in ipairs(cut) do
         force(run, it, now, actor, 'UNKNOWN', 'drain_timeout', 'intent.outcome')
       end
-      redis.call('DEL', K_INFLIGHT)
+      call('DEL', K_INFLIGHT)
       move(run, now, actor, 'UNKNOWN', 'drain_timeout')
     end
   elseif run.status == 'UNKNOWN' and inflight == 0 and unknown == 0 then
@@ -185,14 +362,38 @@ local function finalize(run, now, actor)
 end
 
 -- Ends a step that changed something: the row keeps the step's time (see
--- now_ms) and is written back whole.
+-- now_ms), and the fields that changed, the intents' included, are written
+-- back in one HSET.
 local function commit(run, now)
-  if changed then
-    run.t = int(now)
-    save_run(run)
+  if not changed then
+    return
+  end
+  run.t = int(now)
+  local args = {'HSET', K_RUN}
+  for k, v in pairs(run) do
+    if not loaded or loaded[k] ~= v then
+      args[#args + 1] = k
+      args[#args + 1] = v
+    end
+  end
+  if #args > 2 then
+    call(unpack(args))
   end
 end
 
 local function final(run)
   return run.status == 'CANCELLED' or run.status == 'COMPLETED'
+end
+
+-- Every operation answers one array: result ('ok', 'refused', 'conflict',
+-- 'notfound', 'late'), its code (the refusal or conflict, what was not
+-- found), changed (1/0), the row (a flat list of fields, as much of it as
+-- the step read; false when none), the intent ({key, i:KEY, s:KEY}; false
+-- when none), and a detail.
+local function reply(result, code, run, intent, detail)
+  local row = false
+  if run then
+    row = flat_row(run)
+  end
+  return {result, code or '', changed and 1 or 0, row, intent or false, detail or ''}
 end

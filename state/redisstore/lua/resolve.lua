@@ -3,14 +3,14 @@
 local actor, key, applied, source, note = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
 local run = load_run()
 if not run then
-  return cjson.encode({notfound = 'run'})
+  return reply('notfound', 'run')
 end
 local it = load_intent(key)
 if not it then
-  return cjson.encode({notfound = 'intent'})
+  return reply('notfound', 'intent')
 end
 if it.state ~= 'UNKNOWN' then
-  return cjson.encode({run = run, intent = it, conflict = 'intent_not_unknown'})
+  return reply('conflict', 'intent_not_unknown', run, {key, imm_of(it), mut_of(it)})
 end
 local now = now_ms(run)
 local to = 'NOT_APPLIED'
@@ -19,19 +19,15 @@ if applied then
 end
 it.state = to
 it.source = source
-if note ~= '' then
-  it.note = note
-else
-  it.note = nil
-end
+it.note = note
 it.updated_at = now
-save_intent(it)
+local rec = save_intent(run, it)
 count(run, 'UNKNOWN', to)
 local why = source
 if note ~= '' then
   why = source .. ': ' .. note
 end
-event(run, now, actor, 'intent.resolved', {from = 'UNKNOWN', to = to, reason = why, intent = key})
+event(run, actor, 'intent.resolved', why, 'UNKNOWN', to, key)
 finalize(run, now, actor)
 commit(run, now)
-return cjson.encode({run = run, intent = it})
+return reply('ok', '', run, rec)

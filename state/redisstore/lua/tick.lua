@@ -5,13 +5,13 @@
 local actor = ARGV[1]
 local run = load_run()
 if not run then
-  return cjson.encode({notfound = 'run'})
+  return reply('notfound', 'run')
 end
 if final(run) then
-  return cjson.encode({run = run})
+  return reply('ok', '', run)
 end
 local now = now_ms(run)
 expire_leases(run, now, actor)
 finalize(run, now, actor)
 commit(run, now)
-return cjson.encode({run = run, changed = changed})
+return reply('ok', '', run)

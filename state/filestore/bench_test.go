@@ -1,0 +1,94 @@
+package filestore_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/filestore"
+)
+
+// BenchmarkGuardFinish is one guarded request as the proxy makes it: a
+// guard with a derived key on an auto-admitted run, then its outcome; from
+// 1 and from 64 goroutines. Each step is durable (fsynced) before it
+// returns; concurrent steps may share a commit.
+func BenchmarkGuardFinish(b *testing.B) {
+	for _, conns := range []int{1, 64} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			s := open(b, filepath.Join(b.TempDir(), "stopgate.db"))
+			defer s.Close()
+			var n atomic.Int64
+			cpu0, w0 := processCPU(b), written(b)
+			b.ResetTimer()
+			if conns == 1 {
+				for i := range b.N {
+					guardFinish(b, s, i)
+				}
+			} else {
+				b.SetParallelism(conns / 2)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						guardFinish(b, s, int(n.Add(1)))
+					}
+				})
+			}
+			b.StopTimer()
+			b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64(written(b)-w0)/float64(b.N), "disk-B/op")
+		})
+	}
+}
+
+func guardFinish(b *testing.B, s *filestore.Store, i int) {
+	ctx := context.Background()
+	res, err := s.Guard(ctx, state.GuardRequest{
+		RunID: "bench", Key: fmt.Sprintf("d-0123456789abcdef%08d", i), Boundary: state.BoundaryHTTP,
+		Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
+		LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
+		NotAfter: time.Now().Add(10 * time.Second),
+	})
+	if err != nil || !res.Admitted {
+		b.Errorf("guard %d: %+v %v", i, res, err)
+		return
+	}
+	_, err = s.Finish(ctx, state.FinishRequest{RunID: "bench", Key: res.Intent.Key, Attempt: res.Intent.Attempts,
+		Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"})
+	if err != nil {
+		b.Errorf("finish %d: %v", i, err)
+	}
+}
+
+// processCPU is the user and system time this process has used: the
+// store's work, the benchmark's own and the runtime's.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// written is how many bytes this process has written (wchar in
+// /proc/self/io: every write and pwrite, whatever the page cache did).
+func written(tb testing.TB) int64 {
+	raw, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "wchar: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	tb.Fatal("no wchar in /proc/self/io")
+	return 0
+}

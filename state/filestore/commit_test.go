@@ -1,0 +1,107 @@
+package filestore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// Steps that arrive while a commit is under way share the next one; a step
+// that fails after writing rolls that shared transaction back, and the
+// others are then committed one by one: none is lost, none applied twice,
+// and the failed step leaves nothing behind.
+func TestGroupCommitIsolatesAFailedStep(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	put := func(t *txn, k string) error {
+		b, err := t.tx.CreateBucketIfNotExists([]byte("test"))
+		if err != nil {
+			return err
+		}
+		return t.put(b, []byte(k), []byte("1"))
+	}
+	runs := map[string]int{}
+	var mu sync.Mutex
+	step := func(k string, fail bool) func(t *txn) error {
+		return func(t *txn) error {
+			mu.Lock()
+			runs[k]++
+			mu.Unlock()
+			if err := put(t, k); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("failed after writing")
+			}
+			return nil
+		}
+	}
+
+	// The first step holds its commit until the others are queued.
+	queued := func() int {
+		s.w.mu.Lock()
+		defer s.w.mu.Unlock()
+		return len(s.w.queue)
+	}
+	var wg sync.WaitGroup
+	errs := map[string]error{}
+	do := func(k string, fn func(t *txn) error) {
+		wg.Go(func() {
+			err := s.update(ctx, "test", fn)
+			mu.Lock()
+			errs[k] = err
+			mu.Unlock()
+		})
+	}
+	started := make(chan struct{})
+	do("a", func(t *txn) error {
+		close(started)
+		deadline := time.Now().Add(10 * time.Second)
+		for queued() < 3 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		return step("a", false)(t)
+	})
+	<-started // a's commit is under way
+	do("b", step("b", false))
+	do("c", step("c", true))
+	do("d", step("d", false))
+	wg.Wait()
+
+	if errs["a"] != nil || errs["b"] != nil || errs["d"] != nil {
+		t.Fatalf("steps that did not fail got errors: %v", errs)
+	}
+	if errs["c"] == nil || errors.Is(errs["c"], state.ErrUnavailable) {
+		t.Fatalf("the failed step got %v, want its own error", errs["c"])
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("test"))
+		for k, want := range map[string]bool{"a": true, "b": true, "c": false, "d": true} {
+			if got := b != nil && b.Get([]byte(k)) != nil; got != want {
+				t.Errorf("key %s written: %v, want %v", k, got, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b, c and d went into one commit (c ran there, and again alone after
+	// the rollback); a step queued behind c in it never ran there.
+	if runs["a"] != 1 || runs["c"] != 2 || runs["b"] < 1 || runs["b"] > 2 || runs["d"] < 1 || runs["d"] > 2 {
+		t.Fatalf("step runs %v: want a once, c twice (shared, then alone), b and d once or twice", runs)
+	}
+}

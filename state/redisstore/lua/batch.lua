@@ -1,0 +1,183 @@
+-- batch: ARGV n, then n steps of one run, each a code and its arguments:
+-- 'g' and the 13 of op_guard, or 'f' and the 7 of op_finish.
+-- The steps run in order, in one atomic step of the server: each is still
+-- its own check-and-record (or its own outcome), with its own answer, and
+-- nothing can come between them. One call carries what the callers of one
+-- run queued meanwhile, so its cost (the round trip, the call itself) is
+-- shared by them.
+--
+-- The common case is written out once more, for the whole batch: the row
+-- and every record the steps name are read in one HMGET; each step on the
+-- common path (a new effect admitted on an ACTIVE run, the same request
+-- again included, or its outcome) is
+-- decided against that view, which takes its changes, and appends its
+-- event; their writes go out together at the end, one HSET, one ZADD, one
+-- ZREM. The first step off the common path ends that: what is staged is
+-- written, and it and every step after it run one by one (op_guard,
+-- op_finish), each reading afresh.
+local n = tonumber(ARGV[1])
+local at = server_ms()
+if n == 1 then
+  -- One step: its own common path is shorter.
+  if ARGV[2] == 'g' then
+    return {op_guard(2)}
+  end
+  return {op_finish(2)}
+end
+local out = {}
+
+local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}
+local o = 2
+for _ = 1, n do
+  if ARGV[o] == 'g' then
+    fields[#fields + 1] = 's:' .. ARGV[o + 3]
+    o = o + 14
+  else
+    fields[#fields + 1] = 's:' .. ARGV[o + 2]
+    fields[#fields + 1] = 'i:' .. ARGV[o + 2]
+    o = o + 8
+  end
+end
+local vals = call('HMGET', K_RUN, unpack(fields))
+local view = {}
+for i, f in ipairs(fields) do
+  if vals[i] then
+    view[f] = vals[i]
+  end
+end
+
+local status, ver = view.status, view.v
+-- The staged writes.
+local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
+-- The row's own fields the common steps moved, written once at the end.
+local dirty = {}
+local function bump(f, by)
+  view[f] = int((tonumber(view[f]) or 0) + by)
+  dirty[f] = true
+end
+local function put(f, v)
+  view[f] = v
+  hset[#hset + 1] = f
+  hset[#hset + 1] = v
+end
+local function flush()
+  if #hset > 2 then
+    call(unpack(hset))
+  end
+  if #zadd > 2 then
+    call(unpack(zadd))
+  end
+  if #zrem > 2 then
+    call(unpack(zrem))
+  end
+end
+
+local now = at
+local t = tonumber(view.t)
+if t and t > now then
+  now = t
+end
+local now_s = int(now)
+local common = status == 'ACTIVE' and view.o ~= nil
+
+o = 2
+local j = 1
+while common and j <= n do
+  if ARGV[o] == 'g' then
+    local actor, observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+    local not_after = tonumber(ARGV[o + 12])
+    if not_after and at > not_after then
+      out[j] = reply('late')
+    elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 9] ~= '' or
+        (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 13] ~= '' then
+      -- An explicit key seen before, a scheduled retry, a stale version,
+      -- an edge's own refusal: the general rules.
+      common = false
+      break
+    else
+      local key = base
+      if view['s:' .. base] then
+        -- A derived base used before (the same request again): the next
+        -- free name, base.n, counted per base. A name is free when neither
+        -- this batch nor the stored run has it.
+        repeat
+          local k = call('HINCRBY', K_SEQ, base, 1)
+          if k == 1 then
+            k = call('HINCRBY', K_SEQ, base, 1)
+          end
+          key = base .. '.' .. k
+        until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
+      end
+      local ord = int(tonumber(view.o) + 1)
+      local lease_s = int(now + tonumber(ARGV[o + 11]))
+      local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc(ARGV[o + 6]) ..
+        '\n' .. esc(ARGV[o + 7]) .. '\n' .. esc(ARGV[o + 8])
+      local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc(ARGV[o + 10]) .. '\n\n\n'
+      put('i:' .. key, imm)
+      put('s:' .. key, mut)
+      view.o = ord
+      dirty.o = true
+      bump('n:IN_FLIGHT', 1)
+      zadd[#zadd + 1] = '-' .. lease_s
+      zadd[#zadd + 1] = key
+      call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
+      out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
+    end
+    o = o + 14
+  else
+    local actor, key, outcome = ARGV[o + 1], ARGV[o + 2], ARGV[o + 4]
+    local sk = 's:' .. key
+    local mut = view[sk]
+    local from, attempts, refusals
+    if mut then
+      from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
+    end
+    if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 3] or outcome == 'IN_FLIGHT' then
+      common = false
+      break
+    end
+    local reason, source = ARGV[o + 6], ARGV[o + 7]
+    mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
+      esc(reason) .. '\n' .. esc(source) .. '\n'
+    put(sk, mut)
+    bump('n:IN_FLIGHT', -1)
+    bump('n:' .. outcome, 1)
+    zrem[#zrem + 1] = key
+    local why = reason
+    if source ~= '' then
+      why = source
+      if reason ~= '' then
+        why = source .. ': ' .. reason
+      end
+    end
+    call('XADD', K_EVENTS, '*', 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+      esc(actor) .. '\n' .. esc(why))
+    out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
+    o = o + 8
+  end
+  j = j + 1
+end
+if j > 1 then
+  -- The row's fields the common steps moved, with the intents'.
+  for f in pairs(dirty) do
+    hset[#hset + 1] = f
+    hset[#hset + 1] = view[f]
+  end
+  hset[#hset + 1] = 't'
+  hset[#hset + 1] = now_s
+  flush()
+end
+
+-- The rest, one by one.
+while j <= n do
+  changed, loaded = false, nil
+  if ARGV[o] == 'g' then
+    out[j] = op_guard(o)
+    o = o + 14
+  else
+    out[j] = op_finish(o)
+    o = o + 8
+  end
+  j = j + 1
+end
+return out

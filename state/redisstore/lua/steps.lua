@@ -1,0 +1,326 @@
+-- steps.lua holds the two steps on every effect's path, the guard and its
+-- outcome, as functions of the offset o of their arguments in A (A[o] is
+-- the step's code): a batch runs any number of them for one run in one
+-- call (batch.lua).
+--
+-- Each has a general form, which applies every rule of
+-- docs/state-machine.md, and a common path written out by hand in front of
+-- it: a new effect admitted on an ACTIVE run, and its outcome. The common
+-- path reads the row once (HMGET), writes it once (HSET: the row's fields
+-- and the intent's together), moves the lease index once and appends one
+-- event; whatever it does not recognise goes to the general form, which
+-- reads again. The two must give the same answers: the conformance suite
+-- runs both (statetest; a guard or an outcome of any other case takes the
+-- general form).
+
+-- The fields the guard reads: the row's status and version, its last
+-- time, its ordinal counter and the count the guard moves.
+local GUARD_FIELDS = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
+
+-- op_guard: A[o+1..o+13] actor, observed version, key, flags (three
+-- characters, 1/0: explicit key, auto-admit, allow cancelling), boundary,
+-- method, target, body digest, not_before ms ('' to dispatch now), lease
+-- owner, lease ttl ms, not_after ms ('' for no fence), refuse (a reason the
+-- edge already refused the effect for, '' for none).
+-- The one atomic check-and-record of an effect: the row's status and
+-- version are read and the intent written in the same step, so no cancel
+-- can commit in between.
+local function guard_general(o)
+  local actor, observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
+  local boundary, method, target, digest = A[o + 5], A[o + 6], A[o + 7], A[o + 8]
+  local not_before, owner, ttl, not_after = A[o + 9], A[o + 10], tonumber(A[o + 11]), tonumber(A[o + 12])
+  local refuse = A[o + 13]
+  local explicit = string.byte(flags, 1) == 49
+  local auto = string.byte(flags, 2) == 49
+  local allow_cancelling = string.byte(flags, 3) == 49
+
+  -- The fence comes before anything is read or written: a guard that Redis
+  -- runs after its caller gave up (queued behind a paused server, say) must
+  -- leave no trace. The server's clock decides, not the caller's.
+  local at = server_ms()
+  if not_after and at > not_after then
+    return reply('late')
+  end
+  local observed = tonumber(observed_s)
+
+  -- The row, and whether the key (or the derived base) names a record
+  -- already: for an explicit key its state decides, and its count moves.
+  local fields = {GUARD_FIELDS[1], GUARD_FIELDS[2], GUARD_FIELDS[3], GUARD_FIELDS[4], GUARD_FIELDS[5],
+    'i:' .. base, 's:' .. base}
+  if not_before ~= '' then
+    fields[#fields + 1] = 'n:SCHEDULED'
+  end
+  local run = load_fields(fields)
+  local existing, taken
+  if run then
+    taken = run['s:' .. base] ~= nil
+    if explicit and taken then
+      existing = decode_intent(base, run['i:' .. base], run['s:' .. base])
+      local n = 'n:' .. existing.state
+      if not run[n] then
+        run[n] = call('HGET', K_RUN, n) or nil
+        loaded[n] = run[n]
+      end
+    end
+    run['i:' .. base], run['s:' .. base] = nil, nil
+    loaded['i:' .. base], loaded['s:' .. base] = nil, nil
+  end
+  local now = at
+  if run and tonumber(run.t) and tonumber(run.t) > now then
+    now = tonumber(run.t)
+  end
+  if not run then
+    if not auto then
+      -- Nothing is written for a run nobody admitted.
+      return reply('refused', 'run_not_admitted')
+    end
+    run = {status = 'ACTIVE', v = '1', o = '0', created = int(now), updated = int(now)}
+    event(run, actor, 'run.admitted', 'auto-admit', '', 'ACTIVE')
+  end
+
+  local version = tonumber(run.v)
+  local refusal
+  if refuse ~= '' then
+    refusal = refuse
+  elseif run.status == 'ACTIVE' then
+    if observed ~= 0 and observed ~= version then
+      refusal = 'stale_version'
+    end
+  elseif not (run.status == 'CANCELLING' and allow_cancelling and not_before == '') then
+    refusal = 'run_not_active'
+  end
+  if not refusal and existing then
+    local st = existing.state
+    -- A SCHEDULED retry guarded again without a time is its dispatch.
+    if st == 'IN_FLIGHT' or st == 'UNKNOWN' or (st == 'SCHEDULED' and not_before ~= '') then
+      refusal = 'intent_in_progress'
+    elseif digest ~= '' and existing.body_digest ~= '' and digest ~= existing.body_digest then
+      refusal = 'idempotency_key_reused'
+    end
+  end
+  if refusal and loaded then
+    -- A refusal answers with the whole row: read it now, before any change.
+    run = load_run()
+  end
+
+  -- The key of a new record: a derived key is a base, each dispatch gets
+  -- its own record (base for the first, base.n after), and a name already
+  -- taken (an explicit key that looks derived) is skipped, never
+  -- overwritten. The counter is kept only for bases used more than once.
+  local function new_key()
+    if explicit or not taken then
+      return base
+    end
+    local key
+    repeat
+      local n = call('HINCRBY', K_SEQ, base, 1)
+      if n == 1 then
+        n = call('HINCRBY', K_SEQ, base, 1)
+      end
+      key = base .. '.' .. n
+    until call('HEXISTS', K_RUN, 's:' .. key) == 0
+    return key
+  end
+
+  if refusal then
+    if existing and (refusal == 'intent_in_progress' or refusal == 'idempotency_key_reused') then
+      -- The record stands as it is; the audit log keeps the attempt.
+      event(run, actor, 'intent.refused', refusal, '', '', base)
+      commit(run, now)
+      return reply('refused', refusal, run, {base, imm_of(existing), mut_of(existing)})
+    end
+    local it = existing
+    if it then
+      -- What happened under this key stays recorded; only the refusal counts.
+      it.refusals = it.refusals + 1
+    else
+      it = new_intent(run, new_key(), now)
+      it.state = 'CANCELLED_BEFORE_DISPATCH'
+      it.boundary, it.method, it.target, it.body_digest = boundary, method, target, digest
+      it.observed_version = observed_s
+      it.reason = refusal
+      it.not_before = not_before
+      count(run, nil, it.state)
+    end
+    local rec = save_intent(run, it)
+    event(run, actor, 'intent.refused', refusal, '', 'CANCELLED_BEFORE_DISPATCH', it.key)
+    commit(run, now)
+    return reply('refused', refusal, run, rec)
+  end
+
+  local from = ''
+  local it = existing
+  if it then
+    from = it.state
+  else
+    it = new_intent(run, new_key(), now)
+  end
+  it.boundary, it.method, it.target = boundary, method, target
+  if digest ~= '' then
+    it.body_digest = digest
+  end
+  it.observed_version = observed_s
+  it.attempts = it.attempts + 1
+  it.status_code, it.reason, it.source, it.note = 0, '', '', ''
+  it.updated_at = now
+  if not_before ~= '' then
+    it.state = 'SCHEDULED'
+    it.not_before = not_before
+    it.lease_owner, it.lease_expires = '', 0
+    call('ZADD', K_SCHED, int(it.ord), it.key)
+  else
+    it.state = 'IN_FLIGHT'
+    it.not_before = ''
+    it.lease_owner = owner
+    it.lease_expires = now + ttl
+    if from == 'SCHEDULED' then
+      call('ZREM', K_SCHED, it.key)
+    end
+    call('ZADD', K_INFLIGHT, int(-it.lease_expires), it.key)
+  end
+  local rec = save_intent(run, it)
+  count(run, from, it.state)
+  event(run, actor, 'intent.admitted', '', from, it.state, it.key)
+  commit(run, now)
+  -- An admitted guard answers with the row's status and version alone.
+  return reply('ok', '', {status = run.status, v = run.v}, rec)
+end
+
+-- op_finish: A[o+1..o+7] actor, key, attempt, outcome, status code,
+-- reason, source.
+-- Records what happened to an IN_FLIGHT intent (or a late answer for one a
+-- deadline turned UNKNOWN), then moves a cancelled run on. A repeat of a
+-- finish that already landed is refused, never applied twice. Its common
+-- path reads and rewrites the moving half of the record (s:KEY) alone.
+local function finish_general(o)
+  local actor, key, attempt, outcome = A[o + 1], A[o + 2], tonumber(A[o + 3]), A[o + 4]
+  local code, reason, source = tonumber(A[o + 5]), A[o + 6], A[o + 7]
+  local sk, ik = 's:' .. key, 'i:' .. key
+  local run = load_fields({'status', 'o', 'v', 't', 'drain', 'n:IN_FLIGHT', 'n:UNKNOWN', 'n:' .. outcome, sk, ik})
+  if not run then
+    return reply('notfound', 'run')
+  end
+  local mut, imm = run[sk], run[ik]
+  if not mut then
+    return reply('notfound', 'intent')
+  end
+  run[sk], run[ik], loaded[sk], loaded[ik] = nil, nil, nil, nil
+  local from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
+  attempts = tonumber(attempts)
+  local late = from == 'UNKNOWN' and outcome == 'RESPONDED'
+  if from ~= 'IN_FLIGHT' and not late then
+    return reply('conflict', 'intent_not_in_flight', load_run(), {key, imm, mut}, 'outcome ' .. outcome)
+  end
+  if attempt ~= attempts then
+    return reply('conflict', 'stale_attempt', load_run(), {key, imm, mut},
+      'report for attempt ' .. A[o + 3] .. ', latest is ' .. int(attempts))
+  end
+  local now = now_ms(run)
+  if late then
+    reason = 'late_response'
+  end
+  -- Nothing else of the moving half survives an outcome: the lease is
+  -- let go, and an IN_FLIGHT intent has no not_before and no note.
+  mut = outcome .. ' ' .. int(attempts) .. ' ' .. refusals .. ' ' .. int(code) .. ' 0 ' .. int(now) .. ' -\n\n' ..
+    esc(reason) .. '\n' .. esc(source) .. '\n'
+  run[sk] = mut
+  call('ZREM', K_INFLIGHT, key)
+  count(run, from, outcome)
+  -- The audit reason leads with the source, as a resolution's does.
+  local why = reason
+  if source ~= '' then
+    why = source
+    if reason ~= '' then
+      why = source .. ': ' .. reason
+    end
+  end
+  event(run, actor, 'intent.outcome', why, from, outcome, key)
+  finalize(run, now, actor)
+  commit(run, now)
+  return reply('ok', '', nil, {key, imm, mut})
+end
+
+-- The common path of the guard: a new record (a derived key, or an
+-- explicit key not seen before), dispatched now, on a run that admits it.
+local function op_guard(o)
+  local actor, observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
+  local at = server_ms()
+  local not_after = tonumber(A[o + 12])
+  if not_after and at > not_after then
+    return reply('late')
+  end
+  local sk = 's:' .. base
+  local v = call('HMGET', K_RUN, 'status', 'o', 'v', 't', 'n:IN_FLIGHT', sk)
+  local status, ord, ver, t = v[1], v[2], v[3], v[4]
+  local taken = v[6]
+  if not (ord and A[o + 9] == '' and A[o + 13] == '' and (not taken or string.byte(flags, 1) ~= 49) and
+      (status == 'ACTIVE' and (observed_s == '0' or observed_s == ver) or
+        status == 'CANCELLING' and string.byte(flags, 3) == 49)) then
+    return guard_general(o)
+  end
+  local now = at
+  t = tonumber(t)
+  if t and t > now then
+    now = t
+  end
+  local key = base
+  if taken then
+    repeat
+      local n = call('HINCRBY', K_SEQ, base, 1)
+      if n == 1 then
+        n = call('HINCRBY', K_SEQ, base, 1)
+      end
+      key = base .. '.' .. n
+    until call('HEXISTS', K_RUN, 's:' .. key) == 0
+  end
+  local lease = now + tonumber(A[o + 11])
+  local now_s, lease_s = int(now), int(lease)
+  ord = int(tonumber(ord) + 1)
+  local imm = A[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc(A[o + 6]) .. '\n' ..
+    esc(A[o + 7]) .. '\n' .. esc(A[o + 8])
+  local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc(A[o + 10]) .. '\n\n\n'
+  call('HSET', K_RUN, 'i:' .. key, imm, 's:' .. key, mut, 'n:IN_FLIGHT', int((tonumber(v[5]) or 0) + 1),
+    'o', ord, 't', now_s)
+  call('ZADD', K_INFLIGHT, '-' .. lease_s, key)
+  call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
+  return {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
+end
+
+-- The common path of an outcome: an IN_FLIGHT intent of an ACTIVE run, at
+-- its latest attempt.
+local function op_finish(o)
+  local actor, key, outcome = A[o + 1], A[o + 2], A[o + 4]
+  local sk = 's:' .. key
+  local nout = 'n:' .. outcome
+  local v = call('HMGET', K_RUN, 'status', 'o', 't', 'v', 'n:IN_FLIGHT', nout, sk, 'i:' .. key)
+  local mut = v[7]
+  if v[1] ~= 'ACTIVE' or not v[2] or not mut or outcome == 'IN_FLIGHT' then
+    return finish_general(o)
+  end
+  local from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
+  if from ~= 'IN_FLIGHT' or attempts ~= A[o + 3] then
+    return finish_general(o)
+  end
+  local now = server_ms()
+  local t = tonumber(v[3])
+  if t and t > now then
+    now = t
+  end
+  local reason, source = A[o + 6], A[o + 7]
+  local now_s = int(now)
+  mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. A[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
+    esc(reason) .. '\n' .. esc(source) .. '\n'
+  call('HSET', K_RUN, sk, mut, 'n:IN_FLIGHT', int((tonumber(v[5]) or 1) - 1), nout, int((tonumber(v[6]) or 0) + 1),
+    't', now_s)
+  call('ZREM', K_INFLIGHT, key)
+  local why = reason
+  if source ~= '' then
+    why = source
+    if reason ~= '' then
+      why = source .. ': ' .. reason
+    end
+  end
+  call('XADD', K_EVENTS, '*', 'e', 'intent.outcome ' .. v[4] .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+    esc(actor) .. '\n' .. esc(why))
+  return {'ok', '', 1, false, {key, v[8], mut}, ''}
+end

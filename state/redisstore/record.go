@@ -1,0 +1,154 @@
+package redisstore
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+)
+
+// An intent, as the scripts store it (lua/prelude.lua): two fields of the
+// run's hash, i:KEY (what the guard recorded once) and s:KEY (what moves):
+//
+//	i:KEY  "boundary created ord observed" then, a line each: method,
+//	       target, digest
+//	s:KEY  "state attempts refusals code lease updated not_before" then, a
+//	       line each: owner, reason, source, note
+//
+// A text with a newline or a backslash in it is escaped (\n, \\); times
+// are Unix ms; an empty not_before is "-". The observed version and
+// not_before stay decimal text because Lua numbers are doubles and could not
+// carry every int64 a caller may send. Runs written before layout 2 keep
+// JSON records in a hash of their own (legacyRecord) until a step of this
+// layout moves them.
+
+// decodeIntent reads a stored intent; ord is its place in the run's
+// creation order.
+func decodeIntent(runID, key, imm, mut string) (state.Intent, int64, error) {
+	bad := func(what string) (state.Intent, int64, error) {
+		return state.Intent{}, 0, fmt.Errorf("intent %s of run %s: %s", key, runID, what)
+	}
+	il := strings.Split(imm, "\n")
+	f := strings.Split(il[0], " ")
+	if len(il) != 4 || len(f) != 4 {
+		return bad("field i: is not \"boundary created ord observed\" and three lines")
+	}
+	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+	in := state.Intent{RunID: runID, Key: key, Boundary: state.Boundary(f[0]), CreatedAt: msTime(num(f[1])),
+		ObservedVersion: num(f[3]), Method: unescape(il[1]), Target: unescape(il[2]), BodyDigest: unescape(il[3])}
+	ord := num(f[2])
+
+	ml := strings.Split(mut, "\n")
+	g := strings.Split(ml[0], " ")
+	if len(ml) != 5 || len(g) != 7 {
+		return bad("field s: is not \"state attempts refusals code lease updated not_before\" and four lines")
+	}
+	in.State = state.IntentState(g[0])
+	in.Attempts, in.Refusals, in.StatusCode = int(num(g[1])), int(num(g[2])), int(num(g[3]))
+	if ms := num(g[4]); ms != 0 {
+		in.LeaseExpires = msTime(ms)
+	}
+	in.UpdatedAt = msTime(num(g[5]))
+	if g[6] != "-" {
+		in.NotBefore = msTime(num(g[6]))
+	}
+	in.LeaseOwner, in.Reason, in.Source, in.Note = unescape(ml[1]), unescape(ml[2]), unescape(ml[3]), unescape(ml[4])
+	return in, ord, nil
+}
+
+// unescape undoes the scripts' escaping of a text: \n is a newline, \\ a
+// backslash.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+			if s[i] == 'n' {
+				b.WriteByte('\n')
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// eventOf reads one entry of a run's audit stream: field e, "kind version
+// from to intent" then, a line each, actor and reason (lua/prelude.lua,
+// event_line). Entries written before layout 2 have a field each, and
+// their time in 'at'.
+func eventOf(runID, id string, values map[string]any) state.Event {
+	str := func(k string) string { v, _ := values[k].(string); return v }
+	ms, _, _ := strings.Cut(id, "-")
+	at, _ := strconv.ParseInt(ms, 10, 64)
+	if e, ok := values["e"].(string); ok {
+		lines := strings.SplitN(e, "\n", 3)
+		for len(lines) < 3 {
+			lines = append(lines, "")
+		}
+		f := strings.SplitN(lines[0], " ", 5)
+		for len(f) < 5 {
+			f = append(f, "")
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		return state.Event{At: msTime(at), RunID: runID, Kind: f[0], Version: v, From: f[2], To: f[3], Intent: f[4],
+			Actor: unescape(lines[1]), Reason: unescape(lines[2])}
+	}
+	if old, err := strconv.ParseInt(str("at"), 10, 64); err == nil {
+		at = old
+	}
+	v, _ := strconv.ParseInt(str("v"), 10, 64)
+	return state.Event{At: msTime(at), RunID: runID, Actor: str("actor"), Kind: str("kind"), Reason: str("reason"),
+		From: str("from"), To: str("to"), Intent: str("intent"), Version: v}
+}
+
+// legacyRecord is an intent as layout 1 stored it: JSON.
+type legacyRecord struct {
+	Boundary        string `json:"boundary"`
+	State           string `json:"state"`
+	Method          string `json:"method"`
+	Target          string `json:"target"`
+	BodyDigest      string `json:"body_digest"`
+	StatusCode      int    `json:"status_code"`
+	Attempts        int    `json:"attempts"`
+	Refusals        int    `json:"refusals"`
+	ObservedVersion string `json:"observed_version"`
+	Reason          string `json:"reason"`
+	Source          string `json:"source"`
+	Note            string `json:"note"`
+	LeaseOwner      string `json:"lease_owner"`
+	LeaseExpires    int64  `json:"lease_expires"`
+	NotBefore       string `json:"not_before"`
+	CreatedAt       int64  `json:"created_at"`
+	UpdatedAt       int64  `json:"updated_at"`
+	Ord             int64  `json:"ord"`
+}
+
+func decodeLegacy(runID, key, raw string) (state.Intent, int64, error) {
+	var r legacyRecord
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		return state.Intent{}, 0, fmt.Errorf("intent %s of run %s: %w", key, runID, err)
+	}
+	in := state.Intent{
+		RunID: runID, Key: key, Boundary: state.Boundary(r.Boundary), State: state.IntentState(r.State),
+		Method: r.Method, Target: r.Target, BodyDigest: r.BodyDigest, StatusCode: r.StatusCode,
+		Attempts: r.Attempts, Refusals: r.Refusals, Reason: r.Reason, Source: r.Source, Note: r.Note,
+		LeaseOwner: r.LeaseOwner, CreatedAt: msTime(r.CreatedAt), UpdatedAt: msTime(r.UpdatedAt),
+	}
+	in.ObservedVersion, _ = strconv.ParseInt(r.ObservedVersion, 10, 64)
+	if r.LeaseExpires != 0 {
+		in.LeaseExpires = msTime(r.LeaseExpires)
+	}
+	if ms, err := strconv.ParseInt(r.NotBefore, 10, 64); err == nil {
+		in.NotBefore = msTime(ms)
+	}
+	return in, r.Ord, nil
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
