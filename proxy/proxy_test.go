@@ -277,12 +277,13 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 		before := up.Hits.Load()
 		var wg sync.WaitGroup
 		var forwarded, refused, other int64
+		var others []string
 		var mu sync.Mutex
 		for w := range workers {
 			wg.Go(func() {
 				c := e.client(run, 1)
 				for i := range perWorker {
-					resp, _ := do(t, c, "POST", up.URL+"/effect", strings.NewReader(fmt.Sprintf("%d-%d", w, i)), nil)
+					resp, body := do(t, c, "POST", up.URL+"/effect", strings.NewReader(fmt.Sprintf("%d-%d", w, i)), nil)
 					mu.Lock()
 					switch resp.StatusCode {
 					case 200:
@@ -291,6 +292,7 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 						refused++
 					default:
 						other++
+						others = append(others, fmt.Sprintf("%d %s", resp.StatusCode, body))
 					}
 					mu.Unlock()
 				}
@@ -308,7 +310,7 @@ func TestRaceConcurrentPostsWhileCancelLands(t *testing.T) {
 		}
 		admitted := counts[state.IntentResponded] + counts[state.IntentInFlight]
 		if other != 0 || hits != forwarded || hits != admitted || counts[state.IntentCancelledBeforeDispatch] != refused || forwarded+refused != workers*perWorker {
-			t.Fatalf("%s: upstream %d, forwarded %d, refused %d, other %d, ledger %v", run, hits, forwarded, refused, other, counts)
+			t.Fatalf("%s: upstream %d, forwarded %d, refused %d, other %d %q, ledger %v", run, hits, forwarded, refused, other, others, counts)
 		}
 		evs, err := e.store.Events(context.Background(), run)
 		if err != nil {

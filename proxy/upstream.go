@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 )
@@ -55,36 +56,63 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 	return nil, fmt.Errorf("dial %s: %w", addr, errors.Join(errs...))
 }
 
-// outboundSet knows the local addresses of the proxy's open upstream
-// connections. A request that arrives from one of them went out through
-// the proxy and came back to a listener of this process: an agent aiming
-// the proxy at a listener that is not in the protected list (a browser's
-// run-bound egress listener, say), to speak as another run.
+// outboundSet knows the two ends of the proxy's open upstream connections.
+// A request that arrives on one of them went out through the proxy and
+// came back to a listener of this process: an agent aiming the proxy at a
+// listener that is not in the protected list (a browser's run-bound egress
+// listener, say), to speak as another run. Both ends are compared: the
+// kernel reuses a source port for connections to other destinations, so a
+// client's connection to the proxy may well share its port with an
+// upstream connection of the proxy.
 type outboundSet struct {
 	mu    sync.Mutex
-	local map[string]struct{}
+	conns map[connEnds]struct{}
+}
+
+// connEnds is a TCP connection's two addresses, as its dialler sees them.
+type connEnds struct{ local, remote netip.AddrPort }
+
+// endsOf normalizes two addresses (an IPv4 address seen through an IPv6
+// socket is the IPv4 one); ok is false for anything but IP:port.
+func endsOf(local, remote string) (connEnds, bool) {
+	l, err1 := netip.ParseAddrPort(local)
+	r, err2 := netip.ParseAddrPort(remote)
+	if err1 != nil || err2 != nil {
+		return connEnds{}, false
+	}
+	unmap := func(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
+	return connEnds{local: unmap(l), remote: unmap(r)}, true
 }
 
 func (s *outboundSet) track(c net.Conn) net.Conn {
-	addr := c.LocalAddr().String()
-	s.mu.Lock()
-	if s.local == nil {
-		s.local = map[string]struct{}{}
+	ends, ok := endsOf(c.LocalAddr().String(), c.RemoteAddr().String())
+	if !ok {
+		return c
 	}
-	s.local[addr] = struct{}{}
+	s.mu.Lock()
+	if s.conns == nil {
+		s.conns = map[connEnds]struct{}{}
+	}
+	s.conns[ends] = struct{}{}
 	s.mu.Unlock()
 	return &trackedConn{Conn: c, done: func() {
 		s.mu.Lock()
-		delete(s.local, addr)
+		delete(s.conns, ends)
 		s.mu.Unlock()
 	}}
 }
 
-// has reports whether remote (a request's RemoteAddr) is one of ours.
-func (s *outboundSet) has(remote string) bool {
+// has reports whether a connection accepted from remote on local (a
+// request's RemoteAddr, and the listener address it reached) is one of the
+// proxy's own upstream connections, seen from its other end.
+func (s *outboundSet) has(remote, local string) bool {
+	ends, ok := endsOf(remote, local)
+	if !ok {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.local[remote]
+	_, ok = s.conns[ends]
 	return ok
 }
 
