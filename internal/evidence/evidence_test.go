@@ -97,8 +97,8 @@ func TestEvidence(t *testing.T) {
 		{"LostReplies", "replies lost on the wire after Redis ran the guard and the cancel scripts", "lost guard reply → its intent is UNKNOWN (lease expiry)", "", caseLostReplies},
 		{"PubSubSilent", "pub/sub connection silent: the cancel message never arrives", "cancel acknowledged → open tunnel and stream cut (re-check, 500ms interval)", "", casePubSubSilent},
 		{"ThreeInstances", "three instances on one Redis: cancel through one, traffic through the others", "cancel acknowledged → stream on another instance cut", "", caseThreeInstances},
-		{"BrowserActionInFlight", "a browser action in flight when the cancel lands; the next action refused", "cancel acknowledged → next CDP action refused", "", caseBrowserActionInFlight},
-		{"TransparentInFlight", "transparent-mode connections in flight when the cancel lands (a redirected uid's stream and pass-through TLS)", "cancel acknowledged → the redirected uid's stream and TLS connection cut", "", caseTransparentInFlight},
+		{"BrowserActionInFlight", "a browser action in flight when the cancel lands", "cancel acknowledged → next CDP action refused", "", caseBrowserActionInFlight},
+		{"TransparentInFlight", "transparent-mode connections in flight when the cancel lands", "cancel acknowledged → the redirected uid's stream and TLS connection cut", "", caseTransparentInFlight},
 		{"DiskFull", "disk full under the embedded store", "space freed → first request forwarded again", "", caseDiskFull},
 		{"KillMidCommit", "stopgate killed -9 mid-commit on the embedded store; the file reopened", "kill -9 → restarted instance answers", "", caseKillMidCommit},
 	}

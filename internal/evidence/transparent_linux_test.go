@@ -104,6 +104,11 @@ func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
 	tlsUp := evidence.StartUpstreamTLS(t, cert)
 	_, tlsPort, _ := net.SplitHostPort(tlsUp.Addr())
 	uid := strconv.Itoa(uidAgent)
+	t.Cleanup(func() {
+		if msg, err := b.CLI(context.Background(), "redirect", "remove", "--uid", uid); err != nil {
+			t.Errorf("redirect remove: %q %v", msg, err)
+		}
+	})
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -114,13 +119,6 @@ func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
 		a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags("--transparent-addr", freeLoopback(t), "--run", run, "--config", policy)})
 		if msg, err := a.CLI(ctx, "redirect", "install", "--uid", uid); err != nil || !strings.Contains(msg, "redirected uid "+uid) {
 			t.Fatalf("redirect install: %q %v", msg, err)
-		}
-		if i == 0 {
-			t.Cleanup(func() {
-				if msg, err := a.CLI(context.Background(), "redirect", "remove", "--uid", uid); err != nil {
-					t.Errorf("redirect remove: %q %v", msg, err)
-				}
-			})
 		}
 
 		// Neither client is told of any proxy: the kernel sends them to A.
