@@ -828,6 +828,9 @@ func caseBrowserActionInFlight(t *testing.T, n int, out *[]evidence.Round) {
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags("--chromium", chromium, "--browser-linger", "1s")})
 	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
 	up := evidence.StartUpstream(t)
+	// The CDP error of an action the guard refused: the method, the
+	// refusal, the run's state and what was recorded.
+	cdpRefusal := regexp.MustCompile(`stopgate refused (\S+): (run_not_active): run \S+ is ([A-Z]+) at cancel_version 2 \(the request observed 1\): nothing was sent; recorded (CANCELLED_BEFORE_DISPATCH)`)
 	for i := range n {
 		var r evidence.Round
 		ctx := tctx(t)
@@ -1012,10 +1015,6 @@ func (p pageAnswer) attempt(run, key string, started time.Time) evidence.Attempt
 	}
 	return a
 }
-
-// cdpRefusal is the CDP error of an action the guard refused: the method,
-// the refusal, the run's state and what was recorded.
-var cdpRefusal = regexp.MustCompile(`stopgate refused (\S+): (run_not_active): run \S+ is ([A-Z]+) at cancel_version 2 \(the request observed 1\): nothing was sent; recorded (CANCELLED_BEFORE_DISPATCH)`)
 
 // setHeaders sets the extra HTTP headers the page sends with every request
 // (none: an empty map).
