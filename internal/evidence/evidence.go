@@ -1,9 +1,10 @@
 // Package evidence is the fault suite behind `make evidence`: it starts real
 // stopgate binaries, a real redis-server and local upstreams, injects one
 // failure at a time (a process killed with -9, Redis killed or paused,
-// replies lost on the wire, the pub/sub connection gone silent, a disk
-// full), repeats each case, and counts three things for every round, each
-// of which must be zero:
+// replies lost on the wire, the pub/sub connection gone silent, a browser
+// action or a redirected connection in flight at the cancel, a disk full),
+// repeats each case, and counts three things for every round, each of
+// which must be zero:
 //
 //   - effects leaked: requests the upstream itself counted that nothing
 //     authorized (sent after the cancel was acknowledged, sent twice under

@@ -2,20 +2,28 @@ package evidence_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
+
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
 	"github.com/stopgate/stopgate/internal/evidence"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -26,7 +34,15 @@ func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
 }
 
+// envBinary hands the built stopgate to the re-runs of this test binary
+// that a case makes (TransparentInFlight, in a network namespace), so that
+// they do not build it again.
+const envBinary = "STOPGATE_EVIDENCE_BINARY"
+
 func buildAndRun(m *testing.M) int {
+	if binary = os.Getenv(envBinary); binary != "" {
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "stopgate-evidence-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -81,8 +97,8 @@ func TestEvidence(t *testing.T) {
 		{"LostReplies", "replies lost on the wire after Redis ran the guard and the cancel scripts", "lost guard reply → its intent is UNKNOWN (lease expiry)", "", caseLostReplies},
 		{"PubSubSilent", "pub/sub connection silent: the cancel message never arrives", "cancel acknowledged → open tunnel and stream cut (re-check, 500ms interval)", "", casePubSubSilent},
 		{"ThreeInstances", "three instances on one Redis: cancel through one, traffic through the others", "cancel acknowledged → stream on another instance cut", "", caseThreeInstances},
-		{"BrowserActionInFlight", "a browser action in flight when the cancel lands", "", "TODO: the browser guard is being reworked; the plan is at TODO(BrowserActionInFlight) in evidence_test.go", nil},
-		{"TransparentInFlight", "a transparent-mode connection in flight when the cancel lands", "", "TODO: transparent mode landed just before this suite; the case is not written yet; the plan is at TODO(TransparentInFlight) in evidence_test.go", nil},
+		{"BrowserActionInFlight", "a browser action in flight when the cancel lands", "cancel acknowledged → next CDP action refused", "", caseBrowserActionInFlight},
+		{"TransparentInFlight", "transparent-mode connections in flight when the cancel lands", "cancel acknowledged → the redirected uid's stream and TLS connection cut", "", caseTransparentInFlight},
 		{"DiskFull", "disk full under the embedded store", "space freed → first request forwarded again", "", caseDiskFull},
 		{"KillMidCommit", "stopgate killed -9 mid-commit on the embedded store; the file reopened", "kill -9 → restarted instance answers", "", caseKillMidCommit},
 	}
@@ -207,10 +223,16 @@ func admit(t *testing.T, sg *evidence.Stopgate, run string) {
 	operator(t, "admit "+run, func() (client.Reply[state.Run], error) { return sg.API().Admit(tctx(t), run) })
 }
 
-// cancelRun cancels through sg and returns when the cancel was acknowledged.
+// cancelRun cancels through sg with a drain of 30s and returns when the
+// cancel was acknowledged.
 func cancelRun(t *testing.T, sg *evidence.Stopgate, run, reason string) (time.Time, control.CancelResponse) {
 	t.Helper()
-	drain := 30 * time.Second
+	return cancelDrain(t, sg, run, reason, 30*time.Second)
+}
+
+// cancelDrain is cancelRun with the drain deadline given.
+func cancelDrain(t *testing.T, sg *evidence.Stopgate, run, reason string, drain time.Duration) (time.Time, control.CancelResponse) {
+	t.Helper()
 	res := operator(t, "cancel "+run, func() (client.Reply[control.CancelResponse], error) {
 		return sg.API().Cancel(tctx(t), run, client.CancelOptions{Reason: reason, Drain: &drain})
 	})
@@ -298,12 +320,21 @@ func settle(t *testing.T, sg *evidence.Stopgate, run string, within time.Duratio
 // saw the key), and returns the record once settled again.
 func reconcile(t *testing.T, sg *evidence.Stopgate, up *evidence.Upstream, run string, r *evidence.Round) control.Audit {
 	t.Helper()
+	return reconcileBy(t, sg, run, r, func(in state.Intent) int { return up.Hits(in.Key) })
+}
+
+// reconcileBy is reconcile with the provider's count of each intent's
+// effect given by count: an effect that the provider cannot count under the
+// intent's own key (a browser action, whose effect is the page's request; a
+// tunnel, whose requests stopgate never saw) is counted where it landed.
+func reconcileBy(t *testing.T, sg *evidence.Stopgate, run string, r *evidence.Round, count func(state.Intent) int) control.Audit {
+	t.Helper()
 	a := settle(t, sg, run, 5*time.Second)
 	for _, in := range a.Intents {
 		if in.State != state.IntentUnknown {
 			continue
 		}
-		outcome, hits := "not_applied", up.Hits(in.Key)
+		outcome, hits := "not_applied", count(in)
 		if hits > 0 {
 			outcome = "applied"
 		}
@@ -784,23 +815,218 @@ func caseKillMidCommit(t *testing.T, n int, out *[]evidence.Round) {
 	}
 }
 
-// TODO(BrowserActionInFlight): once the browser guard's rework lands,
-// launch a guarded Chromium for a run through the instance (POST
-// /v1/runs/RUN/browsers, or `stopgate browser --run RUN`), connect with
-// chromedp, start an action that waits on a request the upstream holds
-// (/slow/RUN/KEY from the page), cancel through another instance while it
-// is held, and judge: the page's request counted once by the upstream, the
-// next action refused with a CDP error naming the run's state and no new
-// upstream hit, the browser intents in the audit (the in-flight action
-// UNKNOWN or answered, never CANCELLED without a reason).
-//
-// TODO(TransparentInFlight): in a network namespace of the test's own
-// (internal/netns, as cmd/proxy's transparent tests do), serve with
-// --transparent-addr and redirect a test uid (stopgate redirect install), hold
-// a connection of that uid open to a loopback upstream through the redirect
-// (a streamed GET and a pass-through TLS connection), cancel through another
-// instance, and judge as casePubSubSilent does: both cut, no new connection
-// of the run reaching the upstream, the intents in the audit.
+// caseBrowserActionInFlight: a guarded Chromium that A launched for the run
+// (POST /v1/runs/RUN/browsers), driven with chromedp through A's browser
+// guard, runs a script whose POST the provider holds; the cancel goes
+// through B while the script's action is in flight. In even rounds the
+// provider answers within the drain (the action finishes and is recorded
+// answered); in odd rounds it holds the POST past a 2s drain deadline,
+// which cuts it. Either way the script then tries one more POST, and the
+// agent one more action: both must be refused, and reach nothing.
+func caseBrowserActionInFlight(t *testing.T, n int, out *[]evidence.Round) {
+	chromium := testkit.Chromium(t)
+	redis := startRedis(t, false)
+	// The browser of a run that is over stops 1s later, so that rounds do
+	// not keep browsers running on a shared machine.
+	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags("--chromium", chromium, "--browser-linger", "1s")})
+	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	up := evidence.StartUpstream(t)
+	// The CDP error of an action the guard refused: the method, the
+	// refusal, the run's state and what was recorded.
+	cdpRefusal := regexp.MustCompile(`stopgate refused (\S+): (run_not_active): run \S+ is ([A-Z]+) at cancel_version 2 \(the request observed 1\): nothing was sent; recorded (CANCELLED_BEFORE_DISPATCH)`)
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run, reason := fmt.Sprintf("browser-%d", i), "stop while a browser action waits"
+		pageKey, heldKey, lateKey, nextKey := run+"-page", run+"-held", run+"-late", run+"-next"
+		cutByDeadline := i%2 == 1
+		drain := 30 * time.Second
+		if cutByDeadline {
+			drain = 2 * time.Second
+		}
+		var log attempts
+		admit(t, b, run)
+		launched := operator(t, "browser "+run, func() (client.Reply[control.BrowserResponse], error) {
+			return a.API().Browser(ctx, run, control.BrowserRequest{CancelVersion: 1})
+		})
+		actx, cancelAlloc := remote.NewAllocator(ctx, launched.Value.WSURL, remote.NoModifyURL)
+		tab, cancelTab := chromedp.NewContext(actx)
+
+		// The page comes from the provider, so that its script's requests
+		// are same-origin and may carry an Idempotency-Key; the navigation
+		// carries one too, for the time of the load.
+		started := time.Now()
+		err := chromedp.Do(tab,
+			setHeaders(network.Headers{"Idempotency-Key": pageKey}),
+			chromedp.Navigate(up.URL()+"/page/"+run+"/"+pageKey),
+			setHeaders(network.Headers{}),
+		)
+		if err != nil {
+			t.Fatalf("navigate while ACTIVE: %v\nserve log:\n%s", err, a.Log())
+		}
+		log.add(evidence.Attempt{Run: run, Key: pageKey, Started: started, Ended: time.Now(), Status: 200})
+
+		// The action in flight: the script's POST is held by the provider;
+		// once it ends (answered or cut), the script sends one more.
+		script := fmt.Sprintf(`(async () => {
+  const post = (path, key) => fetch(path, {method: "POST", headers: {"Idempotency-Key": key}, body: "amount=1"});
+  const answer = async (p) => {
+    try {
+      const r = await p;
+      return {status: r.status, refusal: r.headers.get("X-Stopgate-Refusal") || "", body: await r.text()};
+    } catch (e) {
+      return {status: -1, refusal: "", body: String(e)};
+    }
+  };
+  const held = await answer(post(%q, %q));
+  const late = await answer(post(%q, %q));
+  return {held, late};
+})()`, "/slow/"+run+"/"+heldKey, heldKey, "/e/"+run+"/"+lateKey, lateKey)
+		type scriptResult struct {
+			Held pageAnswer `json:"held"`
+			Late pageAnswer `json:"late"`
+		}
+		heldStarted := time.Now()
+		done := make(chan error, 1)
+		var res scriptResult
+		go func() {
+			var err error
+			res, err = chromedp.Run(tab, chromedp.Evaluate[scriptResult](script, chromedp.EvalAwaitPromise))
+			done <- err
+		}()
+		select {
+		case <-up.Arrived(heldKey):
+		case err := <-done:
+			t.Fatalf("the script ended before its POST reached the provider: %v %+v\nserve log:\n%s", err, res, a.Log())
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the script's POST never reached the provider\nserve log:\n%s", a.Log())
+		}
+
+		ack, _ := cancelDrain(t, b, run, reason, drain)
+		// The agent's next action, while the first is still in flight.
+		nextStarted := time.Now()
+		nextErr := chromedp.Do(tab, chromedp.Navigate(up.URL()+"/e/"+run+"/"+nextKey))
+		r.Recover = time.Since(ack)
+		next := evidence.Attempt{Run: run, Key: nextKey, Started: nextStarted, Ended: time.Now(), Err: nextErr}
+		m := cdpRefusal.FindStringSubmatch(fmt.Sprint(nextErr))
+		if m != nil && m[1] == "Page.navigate" {
+			next.Code, next.Recorded = m[2], m[4]
+		}
+		log.add(next)
+		expect(&r, m != nil && m[1] == "Page.navigate" && m[3] != "", "the next action after the cancel gets a CDP error naming the run's state, got %v", nextErr)
+		if !cutByDeadline && m != nil {
+			// The held POST keeps the run draining until it is answered.
+			expect(&r, m[3] == string(state.StatusCancelling), "the next action is refused while the run is CANCELLING, got %s", m[3])
+		}
+
+		if !cutByDeadline {
+			up.Release(heldKey)
+		}
+		var scriptErr error
+		select {
+		case scriptErr = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the script in flight at the cancel never ended\nserve log:\n%s", a.Log())
+		}
+		if scriptErr == nil {
+			log.add(res.Held.attempt(run, heldKey, heldStarted))
+			// The late POST began once the held one had ended, after nextStarted.
+			log.add(res.Late.attempt(run, lateKey, nextStarted))
+		} else {
+			// The script's answer was lost with its connection: the held
+			// POST was sent, what came of it the page never said.
+			log.add(evidence.Attempt{Run: run, Key: heldKey, Started: heldStarted, Ended: time.Now(), Err: scriptErr})
+		}
+		if cutByDeadline {
+			// The script may be answered, or its connection may close as the
+			// UNKNOWN run's browser stops: either is explained below.
+			expect(&r, scriptErr != nil || res.Held.Status != 200, "the POST cut by the drain deadline ends as an error for the page, got %+v", res.Held)
+		} else {
+			expect(&r, scriptErr == nil && res.Held.Status == 200, "the POST answered within the drain reaches the page: got %+v, %v", res.Held, scriptErr)
+		}
+		expect(&r, scriptErr != nil || (res.Late.Status == 409 && res.Late.Refusal == state.RefusalRunNotActive),
+			"the script's POST after the cancel: 409 run_not_active, got %+v", res.Late)
+		// Time for a leak to land before the provider's counts are read.
+		time.Sleep(200 * time.Millisecond)
+		for key, want := range map[string]int{pageKey: 1, heldKey: 1, lateKey: 0, nextKey: 0} {
+			expect(&r, up.Hits(key) == want, "the provider counted %s %d time(s), want %d", key, up.Hits(key), want)
+		}
+
+		settled := settle(t, b, run, 10*time.Second)
+		var evals, refused, post []state.Intent
+		for _, in := range settled.Intents {
+			switch {
+			// chromedp evaluates scripts of its own while it navigates: the
+			// script in flight is the one admitted after it was sent.
+			case in.Boundary == state.BoundaryBrowser && in.Method == "Runtime.evaluate" && !in.CreatedAt.Before(heldStarted.Truncate(time.Millisecond)):
+				evals = append(evals, in)
+			case in.Boundary == state.BoundaryBrowser && in.Method == "Page.navigate" && in.Target == up.URL()+"/e/"+run+"/"+nextKey:
+				refused = append(refused, in)
+			case in.Key == heldKey:
+				post = append(post, in)
+			}
+		}
+		expect(&r, len(evals) == 1, "one script action recorded after it was sent, got %d: %+v", len(evals), evals)
+		expect(&r, len(refused) == 1 && refused[0].State == state.IntentCancelledBeforeDispatch, "the next action recorded CANCELLED_BEFORE_DISPATCH, got %+v", refused)
+		expect(&r, len(post) == 1, "the page's held POST recorded under its key, got %d", len(post))
+		if len(evals) == 1 {
+			st := evals[0].State
+			expect(&r, st == state.IntentResponded || (cutByDeadline && st == state.IntentUnknown && evals[0].Reason != ""),
+				"the action in flight at the cancel ends answered (or UNKNOWN with a reason once the deadline cut it), never refused: %s (%s)", st, evals[0].Reason)
+		}
+		if len(post) == 1 {
+			want := state.IntentResponded
+			if cutByDeadline {
+				want = state.IntentUnknown
+			}
+			expect(&r, post[0].State == want, "the page's held POST is %s, want %s (%s)", post[0].State, want, post[0].Reason)
+		}
+		final := reconcileBy(t, b, run, &r, func(in state.Intent) int {
+			if len(evals) == 1 && in.Key == evals[0].Key {
+				return up.Hits(heldKey)
+			}
+			return up.Hits(in.Key)
+		})
+		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once reconciled, got %s", final.Run.Status)
+		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		*out = append(*out, r)
+		cancelTab()
+		cancelAlloc()
+	}
+}
+
+// pageAnswer is what a page's fetch got: the status (-1: no answer), the
+// refusal header and the body.
+type pageAnswer struct {
+	Status  int    `json:"status"`
+	Refusal string `json:"refusal"`
+	Body    string `json:"body"`
+}
+
+// attempt is the answer as an Attempt of key, started at started.
+func (p pageAnswer) attempt(run, key string, started time.Time) evidence.Attempt {
+	a := evidence.Attempt{Run: run, Key: key, Started: started, Ended: time.Now(), Status: max(p.Status, 0), Code: p.Refusal}
+	if p.Status < 0 {
+		a.Err = errors.New(p.Body)
+	}
+	if a.Code != "" {
+		var body struct {
+			Recorded string `json:"recorded"`
+		}
+		_ = json.Unmarshal([]byte(p.Body), &body)
+		a.Recorded = body.Recorded
+	}
+	return a
+}
+
+// setHeaders sets the extra HTTP headers the page sends with every request
+// (none: an empty map).
+func setHeaders(h network.Headers) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: h})
+		return err
+	})
+}
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

@@ -151,6 +151,20 @@ func (s *Stopgate) API() *client.Client {
 	return c
 }
 
+// CLI runs a client verb of the stopgate binary (`stopgate ARGS...`) on
+// this instance, with its control URL and operator token, and returns what
+// it printed (standard output and error together).
+func (s *Stopgate) CLI(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, s.bin, args...)
+	cmd.Env = append(append([]string(nil), s.env...), "STOPGATE_CONTROL=http://"+s.Control)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("stopgate %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
 // Audit reads a run's record through the control API.
 func (s *Stopgate) Audit(ctx context.Context, run string) (control.Audit, error) {
 	r, err := s.API().Audit(ctx, run)

@@ -1,6 +1,7 @@
 package evidence
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -17,23 +18,62 @@ import (
 // Upstream is a provider on loopback that counts, by key, what reached it:
 // the evidence of an effect is its count here, never stopgate's word.
 // Paths are /e/RUN/KEY (answered at once), /slow/RUN/KEY (held until the
-// test ends or the client goes), /stream/RUN/KEY (a stream of lines until
-// the client goes).
+// test ends, the test releases the key, or the client goes),
+// /stream/RUN/KEY (a stream of lines until the client goes), /page/RUN/KEY
+// (an HTML page for a browser, which asks for no favicon).
 type Upstream struct {
 	srv     *httptest.Server
+	conns   atomic.Int64
 	mu      sync.Mutex
 	hits    map[string]int
 	arrived map[string]chan struct{}
+	held    map[string]chan struct{}
 	release chan struct{}
 }
 
 // StartUpstream starts the provider; it stops when the test ends.
 func StartUpstream(t testing.TB) *Upstream {
-	u := &Upstream{hits: map[string]int{}, arrived: map[string]chan struct{}{}, release: make(chan struct{})}
-	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
-	t.Cleanup(func() { close(u.release); u.srv.Close() })
+	u := newUpstream()
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.srv.Config.ConnState = u.connState
+	u.srv.Start()
+	t.Cleanup(u.stop)
 	return u
 }
+
+// StartUpstreamTLS starts the provider on HTTPS with cert, for hosts that
+// are passed through unseen: stopgate cannot count what such a connection
+// carries, the provider can. It stops when the test ends.
+func StartUpstreamTLS(t testing.TB, cert tls.Certificate) *Upstream {
+	u := newUpstream()
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.srv.Config.ConnState = u.connState
+	u.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	u.srv.StartTLS()
+	t.Cleanup(u.stop)
+	return u
+}
+
+func newUpstream() *Upstream {
+	return &Upstream{hits: map[string]int{}, arrived: map[string]chan struct{}{}, held: map[string]chan struct{}{}, release: make(chan struct{})}
+}
+
+func (u *Upstream) stop() {
+	close(u.release)
+	u.srv.Close()
+}
+
+func (u *Upstream) connState(_ net.Conn, st http.ConnState) {
+	if st == http.StateNew {
+		u.conns.Add(1)
+	}
+}
+
+// Conns counts the TCP connections that reached the provider.
+func (u *Upstream) Conns() int64 { return u.conns.Load() }
+
+// Addr is the provider's host:port.
+func (u *Upstream) Addr() string { return u.srv.Listener.Addr().String() }
 
 // URL is the provider's base URL (http://127.0.0.1:PORT).
 func (u *Upstream) URL() string { return u.srv.URL }
@@ -51,9 +91,14 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case strings.HasPrefix(r.URL.Path, "/slow/"):
 		select {
+		case <-u.heldFor(key):
 		case <-u.release:
 		case <-r.Context().Done():
 		}
+	case strings.HasPrefix(r.URL.Path, "/page/"):
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintln(w, `<!doctype html><html><head><title>provider</title><link rel="icon" href="data:,"></head><body><p>provider page</p></body></html>`)
+		return
 	case strings.HasPrefix(r.URL.Path, "/stream/"):
 		w.Header().Set("Content-Type", "text/event-stream")
 		tick := time.NewTicker(50 * time.Millisecond)
@@ -73,6 +118,31 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fmt.Fprintln(w, "done")
+}
+
+// heldFor is the channel whose closing answers the /slow/ requests of key.
+func (u *Upstream) heldFor(key string) chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	ch, ok := u.held[key]
+	if !ok {
+		ch = make(chan struct{})
+		u.held[key] = ch
+	}
+	return ch
+}
+
+// Release answers the /slow/ requests of key that are held, and those that
+// come later, at once.
+func (u *Upstream) Release(key string) {
+	ch := u.heldFor(key)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
 }
 
 // Hits is how many requests under key reached the provider.
