@@ -17,13 +17,6 @@
 -- op_finish), each reading afresh.
 local n = tonumber(ARGV[1])
 local at = server_ms()
-if n == 1 then
-  -- One step: its own common path is shorter.
-  if ARGV[2] == 'g' then
-    return {op_guard(2)}
-  end
-  return {op_finish(2)}
-end
 local out = {}
 
 local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}

@@ -1,17 +1,12 @@
 -- steps.lua holds the two steps on every effect's path, the guard and its
--- outcome, as functions of the offset o of their arguments in A (A[o] is
--- the step's code): a batch runs any number of them for one run in one
--- call (batch.lua).
+-- outcome, under the general rules of docs/state-machine.md, as functions
+-- of the offset o of their arguments in A (A[o] is the step's code).
 --
--- Each has a general form, which applies every rule of
--- docs/state-machine.md, and a common path written out by hand in front of
--- it: a new effect admitted on an ACTIVE run, and its outcome. The common
--- path reads the row once (HMGET), writes it once (HSET: the row's fields
--- and the intent's together), moves the lease index once and appends one
--- event; whatever it does not recognise goes to the general form, which
--- reads again. The two must give the same answers: the conformance suite
--- runs both (statetest; a guard or an outcome of any other case takes the
--- general form).
+-- They are the rules; batch.lua has the common path (a new effect admitted
+-- on an ACTIVE run, and its outcome) written out once more, for any number
+-- of steps of one run, and hands every step it does not recognise to these.
+-- The two must give the same answers: the conformance suite runs through
+-- both (statetest), and TestBatchAnswersAsStepsOneByOne compares them.
 
 -- The fields the guard reads: the row's status and version, its last
 -- time, its ordinal counter and the count the guard moves.
@@ -25,7 +20,7 @@ local GUARD_FIELDS = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
-local function guard_general(o)
+local function op_guard(o)
   local actor, observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
   local boundary, method, target, digest = A[o + 5], A[o + 6], A[o + 7], A[o + 8]
   local not_before, owner, ttl, not_after = A[o + 9], A[o + 10], tonumber(A[o + 11]), tonumber(A[o + 12])
@@ -192,7 +187,7 @@ end
 -- deadline turned UNKNOWN), then moves a cancelled run on. A repeat of a
 -- finish that already landed is refused, never applied twice. Its common
 -- path reads and rewrites the moving half of the record (s:KEY) alone.
-local function finish_general(o)
+local function op_finish(o)
   local actor, key, attempt, outcome = A[o + 1], A[o + 2], tonumber(A[o + 3]), A[o + 4]
   local code, reason, source = tonumber(A[o + 5]), A[o + 6], A[o + 7]
   local sk, ik = 's:' .. key, 'i:' .. key
@@ -238,89 +233,4 @@ local function finish_general(o)
   finalize(run, now, actor)
   commit(run, now)
   return reply('ok', '', nil, {key, imm, mut})
-end
-
--- The common path of the guard: a new record (a derived key, or an
--- explicit key not seen before), dispatched now, on a run that admits it.
-local function op_guard(o)
-  local actor, observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
-  local at = server_ms()
-  local not_after = tonumber(A[o + 12])
-  if not_after and at > not_after then
-    return reply('late')
-  end
-  local sk = 's:' .. base
-  local v = call('HMGET', K_RUN, 'status', 'o', 'v', 't', 'n:IN_FLIGHT', sk)
-  local status, ord, ver, t = v[1], v[2], v[3], v[4]
-  local taken = v[6]
-  if not (ord and A[o + 9] == '' and A[o + 13] == '' and (not taken or string.byte(flags, 1) ~= 49) and
-      (status == 'ACTIVE' and (observed_s == '0' or observed_s == ver) or
-        status == 'CANCELLING' and string.byte(flags, 3) == 49)) then
-    return guard_general(o)
-  end
-  local now = at
-  t = tonumber(t)
-  if t and t > now then
-    now = t
-  end
-  local key = base
-  if taken then
-    repeat
-      local n = call('HINCRBY', K_SEQ, base, 1)
-      if n == 1 then
-        n = call('HINCRBY', K_SEQ, base, 1)
-      end
-      key = base .. '.' .. n
-    until call('HEXISTS', K_RUN, 's:' .. key) == 0
-  end
-  local lease = now + tonumber(A[o + 11])
-  local now_s, lease_s = int(now), int(lease)
-  ord = int(tonumber(ord) + 1)
-  local imm = A[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc(A[o + 6]) .. '\n' ..
-    esc(A[o + 7]) .. '\n' .. esc(A[o + 8])
-  local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc(A[o + 10]) .. '\n\n\n'
-  call('HSET', K_RUN, 'i:' .. key, imm, 's:' .. key, mut, 'n:IN_FLIGHT', int((tonumber(v[5]) or 0) + 1),
-    'o', ord, 't', now_s)
-  call('ZADD', K_INFLIGHT, '-' .. lease_s, key)
-  call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
-  return {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
-end
-
--- The common path of an outcome: an IN_FLIGHT intent of an ACTIVE run, at
--- its latest attempt.
-local function op_finish(o)
-  local actor, key, outcome = A[o + 1], A[o + 2], A[o + 4]
-  local sk = 's:' .. key
-  local nout = 'n:' .. outcome
-  local v = call('HMGET', K_RUN, 'status', 'o', 't', 'v', 'n:IN_FLIGHT', nout, sk, 'i:' .. key)
-  local mut = v[7]
-  if v[1] ~= 'ACTIVE' or not v[2] or not mut or outcome == 'IN_FLIGHT' then
-    return finish_general(o)
-  end
-  local from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
-  if from ~= 'IN_FLIGHT' or attempts ~= A[o + 3] then
-    return finish_general(o)
-  end
-  local now = server_ms()
-  local t = tonumber(v[3])
-  if t and t > now then
-    now = t
-  end
-  local reason, source = A[o + 6], A[o + 7]
-  local now_s = int(now)
-  mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. A[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
-    esc(reason) .. '\n' .. esc(source) .. '\n'
-  call('HSET', K_RUN, sk, mut, 'n:IN_FLIGHT', int((tonumber(v[5]) or 1) - 1), nout, int((tonumber(v[6]) or 0) + 1),
-    't', now_s)
-  call('ZREM', K_INFLIGHT, key)
-  local why = reason
-  if source ~= '' then
-    why = source
-    if reason ~= '' then
-      why = source .. ': ' .. reason
-    end
-  end
-  call('XADD', K_EVENTS, '*', 'e', 'intent.outcome ' .. v[4] .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-    esc(actor) .. '\n' .. esc(why))
-  return {'ok', '', 1, false, {key, v[8], mut}, ''}
 end
