@@ -237,6 +237,19 @@ func (c *serveConfig) validate(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
 		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
 	}
+	for _, check := range []func(badFlag) error{c.checkListeners, c.checkStore, c.checkFiles, c.checkDurations, c.checkLimits} {
+		if err := check(bad); err != nil {
+			return err
+		}
+	}
+	return c.readSecrets(source)
+}
+
+// badFlag makes the usage error of the flag name (as the user set it).
+type badFlag func(name, format string, args ...any) error
+
+// checkListeners: every address parses, and no two listeners share one.
+func (c *serveConfig) checkListeners(bad badFlag) error {
 	for name, addr := range map[string]string{"proxy-addr": c.ProxyAddr, "control-addr": c.ControlAddr, "browser-addr": c.BrowserAddr} {
 		if err := checkAddr(addr); err != nil {
 			return bad(name, "%q: %v", addr, err)
@@ -250,21 +263,22 @@ func (c *serveConfig) validate(source map[string]string) error {
 			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
 		}
 	}
-	if c.TransparentAddr != "" {
-		if err := checkAddr(c.TransparentAddr); err != nil {
-			return bad("transparent-addr", "%q: %v", c.TransparentAddr, err)
-		}
-		for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr} {
-			if c.TransparentAddr == other {
-				return bad("transparent-addr", "%q is also the %s address; the listeners need different ports", c.TransparentAddr, name)
-			}
+	if c.TransparentAddr == "" {
+		return nil
+	}
+	if err := checkAddr(c.TransparentAddr); err != nil {
+		return bad("transparent-addr", "%q: %v", c.TransparentAddr, err)
+	}
+	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr} {
+		if c.TransparentAddr == other {
+			return bad("transparent-addr", "%q is also the %s address; the listeners need different ports", c.TransparentAddr, name)
 		}
 	}
-	// A missing binary is not checked here: serve runs without a browser
-	// until one is asked for, and the launch then says what is missing.
-	if c.Chromium == "" {
-		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
-	}
+	return nil
+}
+
+// checkStore: the store's URL or directory, and what is asked of it.
+func (c *serveConfig) checkStore(bad badFlag) error {
 	if c.CancelReplicas < 0 {
 		return bad("cancel-replicas", "%d is negative; want the number of replicas a cancel waits for (0: none)", c.CancelReplicas)
 	}
@@ -278,6 +292,20 @@ func (c *serveConfig) validate(source map[string]string) error {
 		}
 		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 	}
+	if c.Retention < 0 {
+		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)
+	}
+	return nil
+}
+
+// checkFiles: the paths and names given, as far as serve can tell before it
+// starts.
+func (c *serveConfig) checkFiles(bad badFlag) error {
+	// A missing binary is not checked here: serve runs without a browser
+	// until one is asked for, and the launch then says what is missing.
+	if c.Chromium == "" {
+		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
+	}
 	if c.Config != "" {
 		if st, err := os.Stat(c.Config); err != nil {
 			return bad("config", "%v", err)
@@ -290,50 +318,8 @@ func (c *serveConfig) validate(source map[string]string) error {
 			return bad("run", "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
 		}
 	}
-	if c.BrowserLinger < 0 {
-		return bad("browser-linger", "%s is negative", c.BrowserLinger)
-	}
-	if c.BrowserMax <= 0 {
-		return bad("browser-max", "%d: want a positive number of browsers", c.BrowserMax)
-	}
-	if c.DrainTimeout < 0 {
-		return bad("drain-timeout", "%s is negative", c.DrainTimeout)
-	}
-	if c.DrainTimeout > 7*24*time.Hour {
-		return bad("drain-timeout", "%s is longer than 7 days", c.DrainTimeout)
-	}
-	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "store-timeout": c.StoreTimeout, "recheck-interval": c.RecheckInterval, "sweep-interval": c.SweepInterval} {
-		if d <= 0 {
-			return bad(name, "%s: want a positive duration", d)
-		}
-	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return bad("log-format", "%q: want text or json", c.LogFormat)
-	}
-	if c.Retention < 0 {
-		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)
-	}
-	if c.LeaseTTL < 3*c.StoreTimeout {
-		return bad("lease-ttl", "%s is shorter than three store timeouts (%s): leases would expire while their renewal is still allowed to wait", c.LeaseTTL, 3*c.StoreTimeout)
-	}
-	if c.MaxBody <= 0 {
-		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
-	}
-	if err := c.readSecrets(source); err != nil {
-		return err
-	}
-	if err := proxy.CheckDestinationRules(c.AllowDest, nil); err != nil {
-		return bad("allow-dest", "%v", err)
-	}
-	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
-		if n <= 0 {
-			return bad(name, "%d: want a positive number", n)
-		}
-	}
-	for name, d := range map[string]time.Duration{"tunnel-handshake-timeout": c.TunnelHandshakeTimeout, "client-idle-timeout": c.ClientIdleTimeout} {
-		if d <= 0 {
-			return bad(name, "%s: want a positive duration", d)
-		}
 	}
 	if (c.CACert == "") != (c.CAKey == "") {
 		name := "ca-cert"
@@ -346,6 +332,50 @@ func (c *serveConfig) validate(source map[string]string) error {
 		if st, err := os.Stat(c.SpoolDir); err != nil || !st.IsDir() {
 			return bad("spool-dir", "%s is not a directory", c.SpoolDir)
 		}
+	}
+	return nil
+}
+
+// checkDurations: every duration is positive where it must be, and the
+// lease outlives the store calls that renew it.
+func (c *serveConfig) checkDurations(bad badFlag) error {
+	if c.BrowserLinger < 0 {
+		return bad("browser-linger", "%s is negative", c.BrowserLinger)
+	}
+	if c.DrainTimeout < 0 {
+		return bad("drain-timeout", "%s is negative", c.DrainTimeout)
+	}
+	if c.DrainTimeout > 7*24*time.Hour {
+		return bad("drain-timeout", "%s is longer than 7 days", c.DrainTimeout)
+	}
+	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "store-timeout": c.StoreTimeout, "recheck-interval": c.RecheckInterval,
+		"sweep-interval": c.SweepInterval, "tunnel-handshake-timeout": c.TunnelHandshakeTimeout, "client-idle-timeout": c.ClientIdleTimeout} {
+		if d <= 0 {
+			return bad(name, "%s: want a positive duration", d)
+		}
+	}
+	if c.LeaseTTL < 3*c.StoreTimeout {
+		return bad("lease-ttl", "%s is shorter than three store timeouts (%s): leases would expire while their renewal is still allowed to wait", c.LeaseTTL, 3*c.StoreTimeout)
+	}
+	return nil
+}
+
+// checkLimits: the caps on what the proxy and the browser guard hold, and
+// the destinations opened up.
+func (c *serveConfig) checkLimits(bad badFlag) error {
+	if c.BrowserMax <= 0 {
+		return bad("browser-max", "%d: want a positive number of browsers", c.BrowserMax)
+	}
+	if c.MaxBody <= 0 {
+		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
+	}
+	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
+		if n <= 0 {
+			return bad(name, "%d: want a positive number", n)
+		}
+	}
+	if err := proxy.CheckDestinationRules(c.AllowDest, nil); err != nil {
+		return bad("allow-dest", "%v", err)
 	}
 	return nil
 }

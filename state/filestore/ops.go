@@ -297,7 +297,6 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 }
 
 func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
-	now := r.t.now
 	key := req.Key
 	if !req.ExplicitKey {
 		var err error
@@ -309,68 +308,84 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	if err != nil {
 		return state.GuardResult{}, err
 	}
-
-	refused := func(refusal string, to state.IntentState) (state.GuardResult, error) {
-		if err := r.keepForRetention(); err != nil {
-			return state.GuardResult{}, err
-		}
-		err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: key, To: string(to), Reason: refusal})
-		return state.GuardResult{Refusal: refusal, Run: r.row, Intent: rec.Intent}, err
+	if refusal := r.runRefusal(req); refusal != "" {
+		return r.refuseDispatch(req, key, rec, exists, refusal)
 	}
-
-	run := r.row
-	allowed := run.Status == state.StatusActive && (req.ObservedVersion == 0 || req.ObservedVersion == run.CancelVersion) ||
-		req.AllowCancelling && run.Status == state.StatusCancelling && req.NotBefore.IsZero()
-	if !allowed || req.Refuse != "" {
-		refusal := state.RefusalRunNotActive
-		switch {
-		case req.Refuse != "":
-			refusal = req.Refuse
-		case run.Status == state.StatusActive:
-			refusal = state.RefusalStaleVersion
-		}
-		from := state.IntentState("")
-		if exists {
-			// What happened under this key stays recorded.
-			from = rec.State
-			rec.Refusals++
-			rec.UpdatedAt = now
-		} else {
-			rec = &intentRecord{Intent: state.Intent{
-				RunID: req.RunID, Key: key, Boundary: req.Boundary, State: state.IntentCancelledBeforeDispatch,
-				Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
-				ObservedVersion: req.ObservedVersion, Reason: refusal, CreatedAt: now, UpdatedAt: now,
-			}}
-			if !req.NotBefore.IsZero() {
-				rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
-			}
-		}
-		if err := r.putIntent(rec, from); err != nil {
-			return state.GuardResult{}, err
-		}
-		return refused(refusal, state.IntentCancelledBeforeDispatch)
-	}
-
-	if exists {
-		// A duplicate of an effect under way, or a key reused for another
-		// body, leaves the record untouched, refusals included (statetest
-		// ExplicitKeyFollowsIdempotencyRules counts only refusals by the
-		// run); the event still records the attempt.
-		switch {
-		case rec.State == state.IntentInFlight || rec.State == state.IntentUnknown,
-			rec.State == state.IntentScheduled && !req.NotBefore.IsZero():
-			return refused(state.RefusalInProgress, "")
-		case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
-			return refused(state.RefusalKeyReused, "")
-		}
-	} else {
-		rec = &intentRecord{Intent: state.Intent{RunID: req.RunID, Key: key, CreatedAt: now}}
-	}
-
-	from := rec.State
 	if !exists {
-		from = ""
+		return r.dispatch(req, &intentRecord{Intent: state.Intent{RunID: req.RunID, Key: key, CreatedAt: r.t.now}}, "")
 	}
+	// A duplicate of an effect under way, or a key reused for another
+	// body, leaves the record untouched, refusals included (statetest
+	// ExplicitKeyFollowsIdempotencyRules counts only refusals by the run);
+	// the event still records the attempt.
+	switch {
+	case rec.State == state.IntentInFlight || rec.State == state.IntentUnknown,
+		rec.State == state.IntentScheduled && !req.NotBefore.IsZero():
+		return r.refused(req, rec, state.RefusalInProgress, "")
+	case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
+		return r.refused(req, rec, state.RefusalKeyReused, "")
+	}
+	return r.dispatch(req, rec, rec.State)
+}
+
+// runRefusal is why the run refuses the effect ("" when it takes it): the
+// edge's own refusal, a run no longer ACTIVE (a delivery may still go out
+// while a run drains), or a version the cancel has moved past.
+func (r *runTx) runRefusal(req state.GuardRequest) string {
+	run := r.row
+	switch {
+	case req.Refuse != "":
+		return req.Refuse
+	case run.Status == state.StatusActive && (req.ObservedVersion == 0 || req.ObservedVersion == run.CancelVersion):
+		return ""
+	case req.AllowCancelling && run.Status == state.StatusCancelling && req.NotBefore.IsZero():
+		return ""
+	case run.Status == state.StatusActive:
+		return state.RefusalStaleVersion
+	}
+	return state.RefusalRunNotActive
+}
+
+// refuseDispatch records an effect the run refused: CANCELLED_BEFORE_DISPATCH
+// under a new key; under a key already used, what happened stays recorded
+// and only the refusal counts.
+func (r *runTx) refuseDispatch(req state.GuardRequest, key string, rec *intentRecord, exists bool, refusal string) (state.GuardResult, error) {
+	now := r.t.now
+	from := state.IntentState("")
+	if exists {
+		from = rec.State
+		rec.Refusals++
+		rec.UpdatedAt = now
+	} else {
+		rec = &intentRecord{Intent: state.Intent{
+			RunID: req.RunID, Key: key, Boundary: req.Boundary, State: state.IntentCancelledBeforeDispatch,
+			Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
+			ObservedVersion: req.ObservedVersion, Reason: refusal, CreatedAt: now, UpdatedAt: now,
+		}}
+		if !req.NotBefore.IsZero() {
+			rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
+		}
+	}
+	if err := r.putIntent(rec, from); err != nil {
+		return state.GuardResult{}, err
+	}
+	return r.refused(req, rec, refusal, state.IntentCancelledBeforeDispatch)
+}
+
+// refused answers a refusal and audits it; the run is kept for retention
+// to find again.
+func (r *runTx) refused(req state.GuardRequest, rec *intentRecord, refusal string, to state.IntentState) (state.GuardResult, error) {
+	if err := r.keepForRetention(); err != nil {
+		return state.GuardResult{}, err
+	}
+	err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: rec.Key, To: string(to), Reason: refusal})
+	return state.GuardResult{Refusal: refusal, Run: r.row, Intent: rec.Intent}, err
+}
+
+// dispatch admits the effect: IN_FLIGHT under a lease, or SCHEDULED for
+// later; rec moves from from ("" for a new record).
+func (r *runTx) dispatch(req state.GuardRequest, rec *intentRecord, from state.IntentState) (state.GuardResult, error) {
+	now := r.t.now
 	rec.Boundary = req.Boundary
 	rec.Method = req.Method
 	rec.Target = req.Target
@@ -398,7 +413,7 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	if err := r.putIntent(rec, from); err != nil {
 		return state.GuardResult{}, err
 	}
-	err = r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentAdmitted, Intent: key, From: string(from), To: string(rec.State)})
+	err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentAdmitted, Intent: rec.Key, From: string(from), To: string(rec.State)})
 	return state.GuardResult{Admitted: true, Run: r.row, Intent: rec.Intent}, err
 }
 
