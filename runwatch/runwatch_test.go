@@ -78,7 +78,7 @@ func admitAndCancel(t *testing.T, s state.Store, run string, drain time.Duration
 func TestOneBroadcastReachesEveryHolder(t *testing.T) {
 	store := testkit.FileStore(t)
 	w := runwatch.New(store, runwatch.Options{Interval: time.Hour, Logger: testkit.Logger()})
-	a, b, other := &holder{runs: []string{"r"}}, &holder{runs: []string{"r"}}, &holder{runs: []string{"x"}}
+	a, b, other := &holder{}, &holder{}, &holder{runs: []string{"x"}}
 	for _, h := range []*holder{a, b, other} {
 		w.Add(h)
 	}
@@ -86,17 +86,26 @@ func TestOneBroadcastReachesEveryHolder(t *testing.T) {
 	defer cancel()
 	go w.Run(ctx)
 	// The subscription is made as Run starts; a cancel before it would
-	// only be seen by the re-check, an hour away.
-	testkit.Eventually(t, 5*time.Second, "the cancel of r reaches both holders", func() bool {
-		if a.count("r") == 0 {
-			_, _ = store.Cancel(context.Background(), state.CancelRequest{RunID: "r", Actor: "t", DrainTimeout: time.Minute})
+	// only be seen by the re-check, an hour away, and cancelling that run
+	// again broadcasts nothing: each try cancels a run never seen before.
+	try := 0
+	var run string
+	testkit.Eventually(t, 5*time.Second, "a cancel reaches both holders", func() bool {
+		try++
+		run = fmt.Sprintf("r-%d", try)
+		for _, h := range []*holder{a, b} {
+			h.mu.Lock()
+			h.runs = append(h.runs, run)
+			h.mu.Unlock()
 		}
-		ra, okA := a.last("r")
-		rb, okB := b.last("r")
+		_, _ = store.Cancel(context.Background(), state.CancelRequest{RunID: run, Actor: "t", DrainTimeout: time.Minute})
+		time.Sleep(50 * time.Millisecond)
+		ra, okA := a.last(run)
+		rb, okB := b.last(run)
 		return okA && okB && ra.Status == state.StatusCancelled && rb.Status == state.StatusCancelled
 	})
-	if other.count("r") != 0 {
-		t.Fatalf("a holder of another run was handed r's row")
+	if other.count(run) != 0 {
+		t.Fatalf("a holder of another run was handed %s's row", run)
 	}
 }
 
@@ -134,13 +143,17 @@ func TestDeadlineIsReadAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go w.Run(ctx)
-	testkit.Eventually(t, 5*time.Second, "the cancel reaches the holder", func() bool {
-		if h.count("d") == 0 {
-			_, _ = store.Cancel(context.Background(), state.CancelRequest{RunID: "d", Actor: "t", DrainTimeout: 200 * time.Millisecond})
-		}
-		return h.count("d") > 0
-	})
+	// The draining row reaches the holder by a check, not the broadcast: a
+	// cancel made before Run has subscribed would be heard by nobody, and
+	// the re-check is an hour away.
+	if _, err := store.Cancel(context.Background(), state.CancelRequest{RunID: "d", Actor: "t", DrainTimeout: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	w.Check(ctx, "d")
 	first := h.count("d")
+	if first == 0 {
+		t.Fatal("the check did not hand the row to its holder")
+	}
 	testkit.Eventually(t, 5*time.Second, "the row is read again after its drain deadline", func() bool {
 		r, _ := h.last("d")
 		return h.count("d") > first && time.Now().After(r.DrainDeadline)

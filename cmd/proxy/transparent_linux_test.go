@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/internal/netns"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -50,29 +51,6 @@ const (
 // nodeFetch prints "node STATUS BODY" for the URL in argv[1]: Node's global
 // fetch, which reads no proxy variable.
 const nodeFetch = `fetch(process.argv[1], {method: "POST", body: "{}"}).then(async r => console.log("node", r.status, (await r.text()).trim().slice(0, 60))).catch(e => console.log("node error", (e.cause && e.cause.code) || e.message))`
-
-func needTools(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is needed (make test-deps installs it): %v", tool, err)
-		}
-	}
-}
-
-// sharedDir is a directory every uid can read (t.TempDir's parents are not).
-func sharedDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "stopgate-ns-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 // httpsUpstream is an HTTPS provider for upstream.test and localhost, under
 // a CA of its own written to caFile (which serve is told to trust).
@@ -240,7 +218,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 	if !netns.Enter(t) {
 		return
 	}
-	needTools(t, "node", "curl", "iptables", "ip6tables")
+	testkit.NeedTools(t, "node", "curl", "iptables", "ip6tables")
 	up, hits := upstreamCounter(t)
 	target := "http://" + hostOf(up.URL)
 	if !strings.HasPrefix(hostOf(up.URL), upstreamIP+":") {
@@ -248,7 +226,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 	}
 	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", freeAddr(t))
 	s.must(t, 0, "admit", "iso")
-	dir := sharedDir(t)
+	dir := testkit.SharedDir(t)
 	gate := filepath.Join(dir, "go")
 
 	b := startExec(t, s, "exec", "--run", "iso", "--isolate", "--uid", fmt.Sprint(uidExec), "--", "sh", "-c", gatedScript(gate, target))
@@ -293,11 +271,11 @@ func TestExecIsolateTwoRunsAtOnce(t *testing.T) {
 	if !netns.Enter(t) {
 		return
 	}
-	needTools(t, "curl", "iptables", "ip6tables")
+	testkit.NeedTools(t, "curl", "iptables", "ip6tables")
 	up, hits := upstreamCounter(t)
 	target := "http://" + hostOf(up.URL)
 	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", freeAddr(t))
-	gate := filepath.Join(sharedDir(t), "go")
+	gate := filepath.Join(testkit.SharedDir(t), "go")
 	script := func(run string) string {
 		req := fmt.Sprintf(`curl --noproxy '*' -sS -o /dev/null -w '%s %%{http_code}\n' %s/%s`, run, target, run)
 		return fmt.Sprintf(`%s; echo ready; i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; %s`, req, gate, req)
@@ -343,8 +321,8 @@ func TestTransparentByHand(t *testing.T) {
 	if !netns.Enter(t) {
 		return
 	}
-	needTools(t, "node", "curl", "iptables", "ip6tables")
-	dir := sharedDir(t)
+	testkit.NeedTools(t, "node", "curl", "iptables", "ip6tables")
+	dir := testkit.SharedDir(t)
 	up, hits := upstreamCounter(t)
 	target := "http://" + hostOf(up.URL)
 	tlsUp, tlsHits, upstreamCA := httpsUpstream(t, dir)

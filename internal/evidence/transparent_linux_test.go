@@ -28,6 +28,7 @@ import (
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/evidence"
 	"github.com/stopgate/stopgate/internal/netns"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -91,8 +92,8 @@ func TestTransparentInFlightInNamespace(t *testing.T) {
 // stopgate does not intercept, guarded once for the connection); the cancel
 // goes through B. Then the uid tries a POST and a new TLS connection.
 func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
-	needTools(t, "curl", "iptables", "ip6tables")
-	dir := sharedDir(t)
+	testkit.NeedTools(t, "curl", "iptables", "ip6tables")
+	dir := testkit.SharedDir(t)
 	cert, caFile := localhostCert(t, dir)
 	policy := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policy, []byte("pass_through: [localhost]\n"), 0o644); err != nil {
@@ -217,29 +218,6 @@ func writeRounds(t *testing.T, file string, rs *[]evidence.Round) {
 	if err != nil {
 		t.Errorf("writing the rounds to %s: %v", file, err)
 	}
-}
-
-func needTools(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is needed (make test-deps installs it): %v", tool, err)
-		}
-	}
-}
-
-// sharedDir is a directory every uid can read (t.TempDir's parents are not).
-func sharedDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "stopgate-evidence-ns-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }
 
 func freeLoopback(t *testing.T) string {

@@ -463,8 +463,8 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 	return out, err
 }
 
-// outcomeReason is the audit reason of an outcome: its source first when
-// it has one ("safe_method: run_cancelled"), as a resolution's is.
+// outcomeReason is the audit reason of an outcome or a resolution: its
+// source first when it has one ("safe_method: run_cancelled").
 func outcomeReason(source, reason string) string {
 	switch {
 	case source == "":
@@ -519,12 +519,8 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 		if err := r.putIntent(rec, state.IntentUnknown); err != nil {
 			return err
 		}
-		reason := req.Source
-		if req.Note != "" {
-			reason += ": " + req.Note
-		}
 		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentResolved, Intent: rec.Key,
-			From: string(state.IntentUnknown), To: string(rec.State), Reason: reason}); err != nil {
+			From: string(state.IntentUnknown), To: string(rec.State), Reason: outcomeReason(req.Source, req.Note)}); err != nil {
 			return err
 		}
 		if err := r.finalize(req.Actor); err != nil {

@@ -136,15 +136,8 @@ while common and j <= n do
     bump('n:IN_FLIGHT', -1)
     bump('n:' .. outcome, 1)
     zrem[#zrem + 1] = key
-    local why = reason
-    if source ~= '' then
-      why = source
-      if reason ~= '' then
-        why = source .. ': ' .. reason
-      end
-    end
     call('XADD', K_EVENTS, '*', 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-      esc(actor) .. '\n' .. esc(why))
+      esc(actor) .. '\n' .. esc(why_of(source, reason)))
     out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
     o = o + 8
   end

@@ -81,6 +81,18 @@ local ROW = {'status', 'v', 'reason', 'status_reason', 'created', 'updated', 'ca
 local ESC = {['\\'] = '\\\\', ['\n'] = '\\n'}
 local UNESC = {['\\\\'] = '\\', ['\\n'] = '\n'}
 
+-- The audit reason of an outcome or a resolution: its source first when it
+-- has one ("safe_method: run_cancelled").
+local function why_of(source, reason)
+  if source == '' then
+    return reason
+  end
+  if reason == '' then
+    return source
+  end
+  return source .. ': ' .. reason
+end
+
 local function esc(s)
   if string.find(s, '\n', 1, true) or string.find(s, '\\', 1, true) then
     return (string.gsub(s, '[\n\\]', ESC))

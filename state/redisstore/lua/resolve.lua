@@ -23,11 +23,7 @@ it.note = note
 it.updated_at = now
 local rec = save_intent(run, it)
 count(run, 'UNKNOWN', to)
-local why = source
-if note ~= '' then
-  why = source .. ': ' .. note
-end
-event(run, actor, 'intent.resolved', why, 'UNKNOWN', to, key)
+event(run, actor, 'intent.resolved', why_of(source, note), 'UNKNOWN', to, key)
 finalize(run, now, actor)
 commit(run, now)
 return reply('ok', '', run, rec)

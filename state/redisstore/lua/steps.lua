@@ -221,15 +221,7 @@ local function op_finish(o)
   run[sk] = mut
   call('ZREM', K_INFLIGHT, key)
   count(run, from, outcome)
-  -- The audit reason leads with the source, as a resolution's does.
-  local why = reason
-  if source ~= '' then
-    why = source
-    if reason ~= '' then
-      why = source .. ': ' .. reason
-    end
-  end
-  event(run, actor, 'intent.outcome', why, from, outcome, key)
+  event(run, actor, 'intent.outcome', why_of(source, reason), from, outcome, key)
   finalize(run, now, actor)
   commit(run, now)
   return reply('ok', '', nil, {key, imm, mut})
