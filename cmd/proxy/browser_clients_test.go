@@ -235,9 +235,9 @@ func testAgent(t *testing.T, script string, reads []string) {
 		t.Errorf("the site saw %d requests after the cancel", n-before)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(s.log(), "browser stopped") {
+	for !strings.Contains(s.Log(), "browser stopped") {
 		if time.Now().After(deadline) {
-			t.Fatalf("serve did not stop the browser after its linger:\n%s", s.log())
+			t.Fatalf("serve did not stop the browser after its linger:\n%s", s.Log())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

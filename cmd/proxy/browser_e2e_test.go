@@ -51,7 +51,7 @@ func TestBrowserEndToEnd(t *testing.T) {
 	cdp, cancelCDP := chromedp.NewContext(allocCtx)
 	defer cancelCDP()
 	if err := chromedp.Do(cdp, chromedp.Navigate(site.URL+"/checkout")); err != nil {
-		t.Fatalf("navigate while ACTIVE: %v\nserve log:\n%s", err, s.log())
+		t.Fatalf("navigate while ACTIVE: %v\nserve log:\n%s", err, s.Log())
 	}
 	if title, err := chromedp.Run(cdp, chromedp.Title()); err != nil || title != "shop" {
 		t.Fatalf("title %q, %v", title, err)
@@ -105,10 +105,10 @@ func TestBrowserEndToEnd(t *testing.T) {
 	}
 
 	cancelCDP()
-	if err := s.stop(); err != nil {
-		t.Fatalf("stop: %v\n%s", err, s.log())
+	if err := s.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, s.Log())
 	}
-	if !strings.Contains(s.log(), "browser stopped") {
-		t.Errorf("serve did not stop the browser on shutdown:\n%s", s.log())
+	if !strings.Contains(s.Log(), "browser stopped") {
+		t.Errorf("serve did not stop the browser on shutdown:\n%s", s.Log())
 	}
 }

@@ -44,7 +44,7 @@ func (s *server) mustIn(t *testing.T, dir string, env []string, code int, args .
 	t.Helper()
 	got, out, errOut := cliIn(t, dir, append([]string{"STOPGATE_CONTROL=" + s.control}, env...), args...)
 	if got != code {
-		t.Fatalf("stopgate %s (in %s, %q): exit %d, want %d\nstdout: %s\nstderr: %s\nserve log:\n%s", strings.Join(args, " "), dir, env, got, code, out, errOut, s.log())
+		t.Fatalf("stopgate %s (in %s, %q): exit %d, want %d\nstdout: %s\nstderr: %s\nserve log:\n%s", strings.Join(args, " "), dir, env, got, code, out, errOut, s.Log())
 	}
 	if code == 0 {
 		return out
@@ -77,7 +77,7 @@ func TestFreshServeIsClosedAndItsCLIWorksWithoutPassingAToken(t *testing.T) {
 		if secrets[name], err = os.ReadFile(path); err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(s.log(), strings.TrimSpace(string(secrets[name]))) {
+		if strings.Contains(s.Log(), strings.TrimSpace(string(secrets[name]))) {
 			t.Errorf("the serve log shows the secret of %s", name)
 		}
 	}
@@ -162,10 +162,10 @@ func TestFreshServeIsClosedAndItsCLIWorksWithoutPassingAToken(t *testing.T) {
 	}
 
 	// A restart reads the same secrets; nothing is overwritten.
-	if err := s.stop(); err != nil {
+	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	s.start()
+	s.Start()
 	for name, before := range secrets {
 		after, err := os.ReadFile(filepath.Join(dataDir, name))
 		if err != nil || !bytes.Equal(before, after) {
@@ -184,8 +184,8 @@ func TestServeWarnsAboutSecretsOnTheCommandLine(t *testing.T) {
 	dataDir := t.TempDir()
 	s := startServe(t, "--data-dir", dataDir, "--control-token", token, "--run-token-secret", strings.Repeat("k", 32))
 	for _, flag := range []string{"--control-token", "--run-token-secret"} {
-		if !strings.Contains(s.log(), "a secret is on the command line") || !strings.Contains(s.log(), "flag="+flag) {
-			t.Errorf("no warning about %s in the serve log:\n%s", flag, s.log())
+		if !strings.Contains(s.Log(), "a secret is on the command line") || !strings.Contains(s.Log(), "flag="+flag) {
+			t.Errorf("no warning about %s in the serve log:\n%s", flag, s.Log())
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, control.OperatorTokenFile)); err == nil {
@@ -201,8 +201,8 @@ func TestServeWarnsAboutSecretsOnTheCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := startServe(t, "--data-dir", t.TempDir(), "--control-token-file", tokenFile)
-	if strings.Contains(quiet.log(), "on the command line") {
-		t.Errorf("serve warned about a token from a file:\n%s", quiet.log())
+	if strings.Contains(quiet.Log(), "on the command line") {
+		t.Errorf("serve warned about a token from a file:\n%s", quiet.Log())
 	}
 	quiet.mustIn(t, t.TempDir(), []string{"STOPGATE_CONTROL_TOKEN_FILE=" + tokenFile}, 0, "admit", "r1")
 }
@@ -211,8 +211,8 @@ func TestServeWarnsAboutSecretsOnTheCommandLine(t *testing.T) {
 // logged loudly, and the record says nobody proved who they were.
 func TestControlAuthNoneIsOpenAndSaysSo(t *testing.T) {
 	s := startServe(t, "--data-dir", t.TempDir(), "--control-auth", "none")
-	if !strings.Contains(s.log(), "THE CONTROL API IS OPEN") || !strings.Contains(s.log(), "level=WARN") {
-		t.Errorf("no loud warning in the serve log:\n%s", s.log())
+	if !strings.Contains(s.Log(), "THE CONTROL API IS OPEN") || !strings.Contains(s.Log(), "level=WARN") {
+		t.Errorf("no loud warning in the serve log:\n%s", s.Log())
 	}
 	elsewhere := t.TempDir()
 	s.mustIn(t, elsewhere, []string{"USER=bob"}, 0, "admit", "r1")

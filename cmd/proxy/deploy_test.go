@@ -54,10 +54,10 @@ func TestShippedExamplePolicyStartsAsIs(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/readyz: %d\n%s", resp.StatusCode, s.log())
+		t.Fatalf("/readyz: %d\n%s", resp.StatusCode, s.Log())
 	}
-	if want := "pass_through=1 delivery=2 lookups=1"; !strings.Contains(s.log(), want) || len(pol.Delivery) != 2 {
-		t.Fatalf("serve did not start on the example's rules (want %q in its log):\n%s", want, s.log())
+	if want := "pass_through=1 delivery=2 lookups=1"; !strings.Contains(s.Log(), want) || len(pol.Delivery) != 2 {
+		t.Fatalf("serve did not start on the example's rules (want %q in its log):\n%s", want, s.Log())
 	}
 }
 
@@ -691,8 +691,8 @@ func TestDeployRedisConfigSatisfiesRequireDurable(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	s := startServe(t, "--store", "redis://:test-password@"+addr+"/0", "--require-durable", "--data-dir", t.TempDir())
-	if !strings.Contains(s.log(), "durable=true") {
-		t.Fatalf("serve did not report a durable store:\n%s", s.log())
+	if !strings.Contains(s.Log(), "durable=true") {
+		t.Fatalf("serve did not report a durable store:\n%s", s.Log())
 	}
 }
 

@@ -6,18 +6,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -76,18 +75,12 @@ func freeAddr(t *testing.T) string {
 
 // server is one `stopgate serve` process.
 type server struct {
-	t       *testing.T
+	*testkit.Process
 	args    []string
 	control string // http://host:port
 	// dataDir is serve's --data-dir, where the CLI finds the operator
-	// token (STOPGATE_DATA_DIR); dir is the directory serve runs in.
+	// token (STOPGATE_DATA_DIR).
 	dataDir string
-	dir     string
-	logPath string
-	env     []string // added to the test's environment
-	cmd     *exec.Cmd
-	done    chan struct{}
-	err     error // of Wait, once done is closed
 }
 
 // allowTestUpstreams are the one allow these tests need: their providers
@@ -119,84 +112,15 @@ func startServeIn(t *testing.T, dir string, args ...string) *server {
 // environment, and args as given.
 func startServeWith(t *testing.T, dir string, env []string, args ...string) *server {
 	t.Helper()
-	s := &server{
-		dir:     dir,
-		t:       t,
-		args:    append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...),
-		logPath: filepath.Join(t.TempDir(), "serve.log"),
-		env:     env,
-	}
+	s := &server{args: append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...)}
 	s.control = "http://" + s.args[2]
 	for i, a := range s.args[:len(s.args)-1] {
 		if a == "--data-dir" {
 			s.dataDir = s.args[i+1]
 		}
 	}
-	s.start()
-	t.Cleanup(s.kill9)
+	s.Process = testkit.StartProcess(t, binary, s.args, append(cleanEnv(), env...), dir, s.control+"/healthz")
 	return s
-}
-
-func (s *server) start() {
-	s.t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd := exec.Command(binary, s.args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = logf, logf, s.dir
-	cmd.Env = append(cleanEnv(), s.env...)
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start stopgate serve: %v", err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func() { s.err = cmd.Wait(); _ = logf.Close(); close(s.done) }()
-
-	hc := &http.Client{Timeout: 500 * time.Millisecond}
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := hc.Get(s.control + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("stopgate serve exited at start (%v):\n%s", s.err, s.log())
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
-	s.t.Fatalf("stopgate serve did not answer /healthz within 15s:\n%s", s.log())
-}
-
-func (s *server) log() string {
-	b, _ := os.ReadFile(s.logPath)
-	return string(b)
-}
-
-// kill9 ends the process as a crash would: no shutdown, no flush.
-func (s *server) kill9() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
-}
-
-// stop sends SIGTERM and waits (bounded) for a clean exit.
-func (s *server) stop() error {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-		s.cmd = nil
-		return s.err
-	case <-time.After(15 * time.Second):
-		s.kill9()
-		return fmt.Errorf("did not exit within 15s of SIGTERM")
-	}
 }
 
 // cleanEnv is the test's environment without STOPGATE_* variables, so a
@@ -258,7 +182,7 @@ func (s *server) must(t *testing.T, code int, args ...string) string {
 	t.Helper()
 	got, out, errOut := s.stopgate(t, args...)
 	if got != code {
-		t.Fatalf("stopgate %s: exit %d, want %d\nstdout: %s\nstderr: %s\nserve log:\n%s", strings.Join(args, " "), got, code, out, errOut, s.log())
+		t.Fatalf("stopgate %s: exit %d, want %d\nstdout: %s\nstderr: %s\nserve log:\n%s", strings.Join(args, " "), got, code, out, errOut, s.Log())
 	}
 	t.Logf("$ stopgate %s  (exit %d)\n%s%s", strings.Join(args, " "), got, out, errOut)
 	if code == 0 {
@@ -310,11 +234,11 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// SIGTERM is a clean shutdown, store closed last.
-	if err := s.stop(); err != nil {
-		t.Fatalf("stop: %v\n%s", err, s.log())
+	if err := s.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, s.Log())
 	}
-	if !strings.Contains(s.log(), "store closed") {
-		t.Errorf("serve log lacks the store close:\n%s", s.log())
+	if !strings.Contains(s.Log(), "store closed") {
+		t.Errorf("serve log lacks the store close:\n%s", s.Log())
 	}
 }
 
@@ -350,8 +274,8 @@ func TestCancelSurvivesKill9OfStopgateAndRedis(t *testing.T) {
 	t.Run("Redis", func(t *testing.T) {
 		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
 		s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
-		if !strings.Contains(s.log(), "durable=true") {
-			t.Errorf("serve did not report the Redis persistence:\n%s", s.log())
+		if !strings.Contains(s.Log(), "durable=true") {
+			t.Errorf("serve did not report the Redis persistence:\n%s", s.Log())
 		}
 		crashAndCheck(t, s, redis.Restart)
 	})
@@ -365,9 +289,9 @@ func crashAndCheck(t *testing.T, s *server, crashStore func()) {
 	s.must(t, 0, "admit", "r1")
 	s.must(t, 0, "cancel", "r1", "--reason", "kill -9 test")
 
-	s.kill9()
+	s.Kill9()
 	crashStore()
-	s.start()
+	s.Start()
 
 	out := s.must(t, 0, "status", "r1", "--json")
 	var row state.Run

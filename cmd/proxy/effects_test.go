@@ -134,7 +134,7 @@ func TestKill9WhileCarryingSlowPOST(t *testing.T) {
 	if hits.Load() != 1 {
 		t.Fatal("the slow POST never reached the upstream")
 	}
-	a.kill9()
+	a.Kill9()
 
 	code, out, errOut := b.stopgate(t, "cancel", "k1", "--reason", "operator stop", "--wait")
 	if code != 3 || !strings.Contains(out, "UNKNOWN") || !strings.Contains(out, "lease_expired") {

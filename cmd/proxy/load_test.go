@@ -43,7 +43,7 @@ func TestLoadHeldConnections(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startServe(t, append([]string{"--data-dir", t.TempDir(), "--log-level", "warn"}, tc.args...)...)
-			pid := s.cmd.Process.Pid
+			pid := s.Pid()
 			var rows []string
 			measure := func(phase string, held, accepted, refused int) {
 				rss, hwm, fds := procStats(t, pid)

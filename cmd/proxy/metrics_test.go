@@ -66,7 +66,7 @@ func TestMetricsMoveWithTheirEvents(t *testing.T) {
 	s := startServe(t, "--data-dir", t.TempDir(), "--config", policy, "--sweep-interval", "100ms", "--recheck-interval", "100ms")
 	t.Cleanup(func() {
 		if t.Failed() {
-			log := s.log()
+			log := s.Log()
 			t.Logf("serve log (last 8 KiB):\n%s", log[max(0, len(log)-8<<10):])
 		}
 	})

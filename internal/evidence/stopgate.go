@@ -14,12 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/internal/testkit"
 )
 
 // Build compiles the stopgate binary into dir and returns its path.
@@ -45,15 +45,11 @@ type Config struct {
 // Stopgate is one `stopgate serve` process, driven as an operator and an
 // agent would: its proxy and its control API on loopback.
 type Stopgate struct {
-	t       testing.TB
-	bin     string
-	args    []string
-	env     []string
-	token   string
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
+	*testkit.Process
+	t     testing.TB
+	bin   string
+	env   []string
+	token string
 
 	// Proxy, Control and Browser are the listeners' host:port.
 	Proxy, Control, Browser string
@@ -70,76 +66,25 @@ func Start(t testing.TB, bin string, cfg Config) *Stopgate {
 	s := &Stopgate{
 		t: t, bin: bin, token: randomHex(16), DataDir: cfg.DataDir,
 		Proxy: freeAddr(t), Control: freeAddr(t), Browser: freeAddr(t),
-		logPath: filepath.Join(t.TempDir(), "serve.log"),
 	}
-	s.args = []string{"serve", "--proxy-addr", s.Proxy, "--control-addr", s.Control, "--browser-addr", s.Browser, "--data-dir", cfg.DataDir}
+	args := []string{"serve", "--proxy-addr", s.Proxy, "--control-addr", s.Control, "--browser-addr", s.Browser, "--data-dir", cfg.DataDir}
 	if cfg.Store != "" {
-		s.args = append(s.args, "--store", cfg.Store)
+		args = append(args, "--store", cfg.Store)
 	}
-	s.args = append(s.args, cfg.Flags...)
+	args = append(args, cfg.Flags...)
 	// The token is given through the environment, where both the current
 	// and the coming serve read it; loopback upstreams are allowed the same
 	// way (STOPGATE_ALLOW_DEST), which a serve without that flag ignores.
 	s.env = append(cleanEnv(), "STOPGATE_CONTROL_TOKEN="+s.token, "STOPGATE_ALLOW_DEST=127.0.0.1")
-	s.start()
-	t.Cleanup(s.Kill9)
+	s.Process = testkit.StartProcess(t, bin, args, s.env, "", "http://"+s.Control+"/healthz")
 	return s
-}
-
-func (s *Stopgate) start() {
-	s.t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd := exec.Command(s.bin, s.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = s.env
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start stopgate serve: %v", err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func() { s.waitErr = cmd.Wait(); _ = logf.Close(); close(s.done) }()
-	hc := &http.Client{Timeout: 500 * time.Millisecond}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := hc.Get("http://" + s.Control + "/healthz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("stopgate serve exited at start (%v):\n%s", s.waitErr, s.Log())
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
-	s.t.Fatalf("stopgate serve did not answer /healthz within 20s:\n%s", s.Log())
-}
-
-// Log is what the process wrote so far.
-func (s *Stopgate) Log() string {
-	b, _ := os.ReadFile(s.logPath)
-	return string(b)
-}
-
-// Kill9 ends the process as a crash would: no shutdown, no flush.
-func (s *Stopgate) Kill9() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
 }
 
 // Restart starts the process again with the same flags, ports and data.
 func (s *Stopgate) Restart() {
 	s.t.Helper()
 	s.Kill9()
-	s.start()
+	s.Start()
 }
 
 // API is a control API client with the instance's operator token.
