@@ -70,6 +70,7 @@ local t = tonumber(view.t)
 if t and t > now then
   now = t
 end
+step_ms = now
 local now_s = int(now)
 local common = status == 'ACTIVE' and view.o ~= nil
 
@@ -113,7 +114,7 @@ while common and j <= n do
       bump('n:IN_FLIGHT', 1)
       zadd[#zadd + 1] = '-' .. lease_s
       zadd[#zadd + 1] = key
-      call('XADD', K_EVENTS, '*', 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
+      append_event('intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
       out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
     end
     o = o + 14
@@ -136,7 +137,7 @@ while common and j <= n do
     bump('n:IN_FLIGHT', -1)
     bump('n:' .. outcome, 1)
     zrem[#zrem + 1] = key
-    call('XADD', K_EVENTS, '*', 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+    append_event('intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
       esc(actor) .. '\n' .. esc(why_of(source, reason)))
     out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
     o = o + 8

@@ -39,6 +39,10 @@ local loaded
 -- of a batch: they run in one atomic step of the server, at one instant.
 local clock
 
+-- step_ms is the time of the step being written (its clock read, never
+-- earlier than the run's last step): the time its audit events carry.
+local step_ms
+
 -- Numbers go to Redis as decimal integers; left to Redis, a Lua number may
 -- be written in exponent form.
 local function int(n)
@@ -50,7 +54,7 @@ local function begin(keys, args)
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
   A = args
   call = redis.call
-  changed, loaded, clock = false, nil, nil
+  changed, loaded, clock, step_ms = false, nil, nil, nil
 end
 
 -- The server's clock in ms, read once per call.
@@ -239,6 +243,7 @@ local function now_ms(run)
       now = last
     end
   end
+  step_ms = now
   return now
 end
 
@@ -267,8 +272,25 @@ local function event_line(v, actor, kind, reason, from, to, intent)
     esc(actor) .. '\n' .. esc(reason or '')
 end
 
+-- append_event adds line to the audit stream under the step's time (id
+-- "ms-*"), not the time XADD runs at: a server stopped halfway through a
+-- step (SIGSTOP) must not date the step's events at its resume, after the
+-- fence was checked. Ids still increase, since a step's time never goes
+-- back; a stream whose last entry is later (written by an older layout,
+-- with the server's time) or a Redis without "ms-*" ids takes the
+-- server's time instead.
+local function append_event(line)
+  if step_ms then
+    local id = redis.pcall('XADD', K_EVENTS, int(step_ms) .. '-*', 'e', line)
+    if type(id) ~= 'table' or not id.err then
+      return
+    end
+  end
+  call('XADD', K_EVENTS, '*', 'e', line)
+end
+
 local function event(run, actor, kind, reason, from, to, intent)
-  call('XADD', K_EVENTS, '*', 'e', event_line(run.v, actor, kind, reason, from, to, intent))
+  append_event(event_line(run.v, actor, kind, reason, from, to, intent))
   changed = true
 end
 

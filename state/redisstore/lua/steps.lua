@@ -64,6 +64,7 @@ local function op_guard(o)
   if run and tonumber(run.t) and tonumber(run.t) > now then
     now = tonumber(run.t)
   end
+  step_ms = now
   if not run then
     if not auto then
       -- Nothing is written for a run nobody admitted.
