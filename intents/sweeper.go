@@ -55,8 +55,9 @@ type Sweeper struct {
 	PruneLimit int
 
 	// Drained, if set, is told of every run this sweeper saw CANCELLING,
-	// or was told of by Watch, and then saw leave it (CANCELLED or UNKNOWN), whoever moved it on,
-	// once: the operator's measure of how long drains take.
+	// or was told of by Watch, and then saw leave it (CANCELLED or
+	// UNKNOWN), whoever moved it on, once: the operator's measure of how
+	// long drains take.
 	Drained func(run state.Run)
 
 	mu sync.Mutex
