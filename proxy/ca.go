@@ -202,14 +202,17 @@ func writeFileSync(path string, data []byte, mode os.FileMode) error {
 	return f.Close()
 }
 
-// certCache keeps one minted leaf per host, so a worker that opens many
-// tunnels to one host does not cost a key generation each time.
-type certCache struct {
+// CertCache keeps one minted leaf per host until it expires, so a worker
+// that opens many tunnels to one host does not cost a key generation each
+// time. It is goproxy's CertStore for every intercepting proxy here (the
+// benchmark's baseline uses it too, so both mint alike). The zero value is
+// ready.
+type CertCache struct {
 	mu    sync.Mutex
 	certs map[string]*tls.Certificate
 }
 
-func (c *certCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
+func (c *CertCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cert, ok := c.certs[host]; ok && cert.Leaf != nil && time.Now().Before(cert.Leaf.NotAfter) {

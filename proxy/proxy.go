@@ -218,7 +218,7 @@ func New(cfg Config) (*Proxy, error) {
 		).WriteHTTP(w)
 	})
 	if cfg.CA != nil {
-		gp.CertStore = &certCache{}
+		gp.CertStore = &CertCache{}
 		p.mitmTLS = goproxy.TLSConfigFromCA(&cfg.CA.Cert)
 	}
 	gp.OnRequest().HandleConnectFunc(p.handleConnect)

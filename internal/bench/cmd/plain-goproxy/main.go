@@ -1,7 +1,8 @@
 // Command plain-goproxy is the benchmark's baseline: github.com/elazarl/goproxy
 // at the version stopgate uses, with the upstream transport stopgate's
 // proxy builds (proxy.New) and the same listener bounds, intercepting HTTPS
-// with a CA of its own, and no guard at all. It is what a guarded request
+// with a CA and a leaf cache made by stopgate's own code (a CA of its own,
+// in a temporary directory), and no guard at all. It is what a guarded request
 // is compared against; it is not a product.
 //
 //	plain-goproxy -addr 127.0.0.1:0 -ca-out ca.pem
@@ -12,28 +13,21 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/elazarl/goproxy"
+	"github.com/stopgate/stopgate/proxy"
 )
 
 func main() {
@@ -53,11 +47,16 @@ func run(args []string, stdout io.Writer) error {
 	if *caOut == "" {
 		return errors.New("-ca-out is required: clients must trust the CA")
 	}
-	ca, caPEM, err := newCA()
+	caDir, err := os.MkdirTemp("", "plain-goproxy-ca-")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(*caOut, caPEM, 0o644); err != nil {
+	defer os.RemoveAll(caDir)
+	ca, err := proxy.LoadOrCreateCA(caDir)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(*caOut, ca.PEM, 0o644); err != nil {
 		return fmt.Errorf("-ca-out: %w", err)
 	}
 	ln, err := net.Listen("tcp", *addr)
@@ -65,7 +64,7 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("-addr: %w", err)
 	}
 	srv := &http.Server{
-		Handler: newProxy(ca),
+		Handler: newProxy(&ca.Cert),
 		// stopgate serve's bounds for its proxy listener.
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -111,67 +110,9 @@ func newProxy(ca *tls.Certificate) *goproxy.ProxyHttpServer {
 	gp.ConnectDialWithReq = nil
 	gp.KeepAcceptEncoding = true
 	gp.Logger = log.New(os.Stderr, "plain-goproxy: ", 0)
-	gp.CertStore = &certCache{}
+	gp.CertStore = &proxy.CertCache{}
 	gp.OnRequest().HandleConnectFunc(func(host string, _ *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(ca)}, host
 	})
 	return gp
-}
-
-// newCA makes an ECDSA P-256 CA, as stopgate makes its own.
-func newCA() (*tls.Certificate, []byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("CA key: %w", err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: "plain-goproxy baseline CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("CA certificate: %w", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("CA key: %w", err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("CA key pair: %w", err)
-	}
-	if cert.Leaf, err = x509.ParseCertificate(der); err != nil {
-		return nil, nil, fmt.Errorf("CA certificate: %w", err)
-	}
-	return &cert, certPEM, nil
-}
-
-// certCache keeps one leaf per host, as stopgate's does.
-type certCache struct {
-	mu    sync.Mutex
-	certs map[string]*tls.Certificate
-}
-
-func (c *certCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cert, ok := c.certs[host]; ok {
-		return cert, nil
-	}
-	cert, err := gen()
-	if err != nil {
-		return nil, err
-	}
-	if c.certs == nil {
-		c.certs = map[string]*tls.Certificate{}
-	}
-	c.certs[host] = cert
-	return cert, nil
 }
