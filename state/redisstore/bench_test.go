@@ -26,50 +26,54 @@ func BenchmarkGuardFinish(b *testing.B) {
 	for _, aof := range []string{"everysec", "always"} {
 		for _, conns := range []int{1, 64} {
 			b.Run(fmt.Sprintf("aof=%s/conns=%d", aof, conns), func(b *testing.B) {
-				srv := benchServer(b, "--appendonly", "yes", "--appendfsync", aof)
-				s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
-				admin := raw(b, srv.addr)
-				ctx := context.Background()
-				if err := admin.FlushAll(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
-				guardFinish(b, s, "warm", 0)
-				if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
-				cpu0 := procCPU(b, srv.pid)
-				var n atomic.Int64
-				b.SetParallelism((conns + 1) / 2)
-				if conns == 1 {
-					b.SetParallelism(1)
-				}
-				b.ResetTimer()
-				if conns == 1 {
-					for i := range b.N {
-						guardFinish(b, s, "bench", i)
-					}
-					n.Store(int64(b.N))
-				} else {
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							guardFinish(b, s, "bench", int(n.Add(1)))
-						}
-					})
-				}
-				b.StopTimer()
-				cpu := procCPU(b, srv.pid) - cpu0
-				ops := float64(b.N)
-				b.ReportMetric(float64(cpu.Microseconds())/ops, "redis-cpu-µs/op")
-				if testing.Verbose() {
-					info := must(admin.Info(ctx, "commandstats").Result())(b)
-					b.Logf("%d ops:\n%s", b.N, info)
-				}
-				usec, calls := commandStats(b, admin)
-				b.ReportMetric(usec/ops, "redis-cmd-µs/op")
-				b.ReportMetric(calls/ops, "redis-calls/op")
+				measureRedis(b, aof, conns, func(s *redisstore.Store, i int) { guardFinish(b, s, "bench", i) })
 			})
 		}
 	}
+}
+
+// measureRedis runs request b.N times from conns goroutines (one: a plain
+// loop) against a fresh server with AOF fsync aof, after one warm-up, and
+// reports what Redis spent per request: from /proc (the whole server
+// process: scripts, commands, network, AOF) and from INFO commandstats (the
+// commands' own time, and how many there were).
+func measureRedis(b *testing.B, aof string, conns int, request func(s *redisstore.Store, i int)) {
+	srv := benchServer(b, "--appendonly", "yes", "--appendfsync", aof)
+	s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
+	admin := raw(b, srv.addr)
+	ctx := context.Background()
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	request(s, 0)
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := procCPU(b, srv.pid)
+	b.ResetTimer()
+	if conns == 1 {
+		for i := range b.N {
+			request(s, i+1)
+		}
+	} else {
+		var n atomic.Int64
+		b.SetParallelism((conns + 1) / 2)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				request(s, int(n.Add(1)))
+			}
+		})
+	}
+	b.StopTimer()
+	ops := float64(b.N)
+	b.ReportMetric(float64((procCPU(b, srv.pid)-cpu0).Microseconds())/ops, "redis-cpu-µs/op")
+	if testing.Verbose() {
+		info := must(admin.Info(ctx, "commandstats").Result())(b)
+		b.Logf("%d ops:\n%s", b.N, info)
+	}
+	usec, calls := commandStats(b, admin)
+	b.ReportMetric(usec/ops, "redis-cmd-µs/op")
+	b.ReportMetric(calls/ops, "redis-calls/op")
 }
 
 func guardFinish(b *testing.B, s *redisstore.Store, run string, i int) {
@@ -101,31 +105,9 @@ func guardFinishKey(b *testing.B, s *redisstore.Store, run, base string, i int) 
 // goroutines, AOF everysec, with every request the same (one derived key
 // base for all, as a poll of one URL makes).
 func BenchmarkGuardFinishSameRequest(b *testing.B) {
-	srv := benchServer(b, "--appendonly", "yes", "--appendfsync", "everysec")
-	s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
-	admin := raw(b, srv.addr)
-	ctx := context.Background()
-	if err := admin.FlushAll(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
-	guardFinish(b, s, "warm", 0)
-	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
-	cpu0 := procCPU(b, srv.pid)
-	var n atomic.Int64
-	b.SetParallelism(32)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			guardFinishKey(b, s, "bench", "d-0123456789abcdef01234567", int(n.Add(1)))
-		}
+	measureRedis(b, "everysec", 64, func(s *redisstore.Store, i int) {
+		guardFinishKey(b, s, "bench", "d-0123456789abcdef01234567", i)
 	})
-	b.StopTimer()
-	b.ReportMetric(float64((procCPU(b, srv.pid)-cpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
-	usec, calls := commandStats(b, admin)
-	b.ReportMetric(usec/float64(b.N), "redis-cmd-µs/op")
-	b.ReportMetric(calls/float64(b.N), "redis-calls/op")
 }
 
 // procCPU is the user and system time the process has used.
