@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 	"github.com/coder/websocket"
 
 	"github.com/stopgate/stopgate/internal/redisserver"
@@ -48,9 +47,7 @@ func TestChromedpThroughTheGuard(t *testing.T) {
 		}
 	}
 
-	allocCtx, cancelAlloc := remote.NewAllocator(testCtx(t), ws, remote.NoModifyURL)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(allocCtx)
+	ctx, cancel := testkit.Attach(testCtx(t), ws)
 	defer cancel()
 
 	// The query is part of the key but not of the recorded target.

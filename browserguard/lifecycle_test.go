@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -37,9 +36,7 @@ func TestCleanAudit(t *testing.T) {
 	launched := time.Now()
 	ws := e.launch(t, "clean")
 
-	allocCtx, cancelAlloc := remote.NewAllocator(testCtx(t), ws, remote.NoModifyURL)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(allocCtx)
+	ctx, cancel := testkit.Attach(testCtx(t), ws)
 	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(up.URL+"/only")); err != nil {
 		t.Fatalf("navigate: %v", err)

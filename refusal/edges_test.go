@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
@@ -209,9 +208,7 @@ func (e *edges) viaControl(t *testing.T, method, path, body string) answer {
 // command was given.
 func cdp(t *testing.T, ws string) (context.Context, error) {
 	t.Helper()
-	actx, cancelAlloc := remote.NewAllocator(context.Background(), ws, remote.NoModifyURL)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(actx)
+	ctx, cancel := testkit.Attach(context.Background(), ws)
 	t.Cleanup(cancel)
 	return ctx, chromedp.Do(ctx, chromedp.Navigate("about:blank"))
 }

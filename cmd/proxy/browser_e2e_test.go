@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
@@ -46,9 +45,7 @@ func TestBrowserEndToEnd(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	allocCtx, cancelAlloc := remote.NewAllocator(ctx, ws, remote.NoModifyURL)
-	defer cancelAlloc()
-	cdp, cancelCDP := chromedp.NewContext(allocCtx)
+	cdp, cancelCDP := testkit.Attach(ctx, ws)
 	defer cancelCDP()
 	if err := chromedp.Do(cdp, chromedp.Navigate(site.URL+"/checkout")); err != nil {
 		t.Fatalf("navigate while ACTIVE: %v\nserve log:\n%s", err, s.Log())

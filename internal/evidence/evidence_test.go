@@ -18,7 +18,6 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
@@ -849,8 +848,7 @@ func caseBrowserActionInFlight(t *testing.T, n int, out *[]evidence.Round) {
 		launched := operator(t, "browser "+run, func() (client.Reply[control.BrowserResponse], error) {
 			return a.API().Browser(ctx, run, control.BrowserRequest{CancelVersion: 1})
 		})
-		actx, cancelAlloc := remote.NewAllocator(ctx, launched.Value.WSURL, remote.NoModifyURL)
-		tab, cancelTab := chromedp.NewContext(actx)
+		tab, detach := testkit.Attach(ctx, launched.Value.WSURL)
 
 		// The page comes from the provider, so that its script's requests
 		// are same-origin and may carry an Idempotency-Key; the navigation
@@ -990,8 +988,7 @@ func caseBrowserActionInFlight(t *testing.T, n int, out *[]evidence.Round) {
 		expect(&r, final.Run.Status == state.StatusCancelled, "the run is CANCELLED once reconciled, got %s", final.Run.Status)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
 		*out = append(*out, r)
-		cancelTab()
-		cancelAlloc()
+		detach()
 	}
 }
 

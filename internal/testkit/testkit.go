@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
@@ -105,4 +107,14 @@ func Chromium(t testing.TB) string {
 	t.Fatalf("chromium is not installed (looked for $STOPGATE_CHROMIUM, %s, chromium on PATH): "+
 		"run scripts/test-deps, or apt-get install chromium, or set STOPGATE_CHROMIUM", DefaultChromium)
 	return ""
+}
+
+// Attach is a chromedp context on the browser behind ws, a DevTools
+// WebSocket URL (a guarded one, as the browser guard hands out), with its
+// first tab; cancel ends the context and its connection, while the
+// browser itself keeps running.
+func Attach(ctx context.Context, ws string) (context.Context, context.CancelFunc) {
+	actx, cancelAlloc := remote.NewAllocator(ctx, ws, remote.NoModifyURL)
+	tab, cancelTab := chromedp.NewContext(actx)
+	return tab, func() { cancelTab(); cancelAlloc() }
 }
