@@ -1,6 +1,6 @@
 // A Playwright agent: node playwright.mjs WS_URL SITE_URL (see steps.mjs).
 import { chromium } from 'playwright-core';
-import { attempt, next, say, waitFor } from './steps.mjs';
+import { attempt, stages } from './steps.mjs';
 
 const [ws, site] = process.argv.slice(2);
 const browser = await chromium.connectOverCDP(ws, { timeout: 15000 });
@@ -39,10 +39,4 @@ async function tries() {
   };
 }
 
-await next('active', { result });
-await next('cancelling', await tries());
-const tried = await tries();
-await waitFor(() => disconnected, 20000);
-say({ stage: 'cancelled', ...tried, disconnected });
-say({ stage: 'closed', ...(await tries()) });
-process.exit(0);
+await stages(result, tries, () => disconnected);

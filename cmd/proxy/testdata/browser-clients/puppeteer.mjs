@@ -1,6 +1,6 @@
 // A Puppeteer agent: node puppeteer.mjs WS_URL SITE_URL (see steps.mjs).
 import puppeteer from 'puppeteer-core';
-import { attempt, next, say, waitFor } from './steps.mjs';
+import { attempt, stages } from './steps.mjs';
 
 const [ws, site] = process.argv.slice(2);
 const browser = await puppeteer.connect({ browserWSEndpoint: ws, defaultViewport: null, protocolTimeout: 10000 });
@@ -29,10 +29,4 @@ async function tries() {
   };
 }
 
-await next('active', { result });
-await next('cancelling', await tries());
-const tried = await tries();
-await waitFor(() => disconnected, 20000);
-say({ stage: 'cancelled', ...tried, disconnected });
-say({ stage: 'closed', ...(await tries()) });
-process.exit(0);
+await stages(result, tries, () => disconnected);

@@ -43,3 +43,17 @@ export async function waitFor(done, ms) {
   }
   return done();
 }
+
+// stages reports what the agent did while ACTIVE (result), then what tries()
+// gives at each stage the test moves the run to: CANCELLING; CANCELLED,
+// with whether the client saw the browser disconnect within 20s of it; and
+// once the browser is closed. Then the script ends.
+export async function stages(result, tries, disconnected) {
+  await next('active', { result });
+  await next('cancelling', await tries());
+  const tried = await tries();
+  await waitFor(disconnected, 20000);
+  say({ stage: 'cancelled', ...tried, disconnected: disconnected() });
+  say({ stage: 'closed', ...(await tries()) });
+  process.exit(0);
+}
