@@ -22,6 +22,10 @@ type flow struct {
 	intent   state.Intent
 	boundary state.Boundary
 	method   string
+	// host is the destination's host, for the effect's log line.
+	host string
+	// bytes the request carried upstream (its body's size).
+	bytes int64
 	// allowCancelling: a delivery destination that a CANCELLING run may still reach.
 	allowCancelling bool
 	tunnel          bool

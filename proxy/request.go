@@ -274,15 +274,15 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 		return refusal.FromError(err)
 	}
 	ex.flow = &flow{
-		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method,
+		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: hostOf(req),
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
 		effects: p.effectsOf(hostOf(req)),
 	}
-	d := ex.decision(greq.Boundary, greq.Method, hostOf(req))
-	d.Result, d.Intent, d.Recorded = telemetry.Admitted, res.Intent.Key, res.Intent.State
 	if ex.body != nil {
-		d.Bytes = ex.body.size
+		ex.flow.bytes = ex.body.size
 	}
+	d := ex.decision(greq.Boundary, greq.Method, ex.flow.host)
+	d.Result, d.Intent, d.Recorded, d.Bytes = telemetry.Admitted, res.Intent.Key, res.Intent.State, ex.flow.bytes
 	p.tel.Decided(req.Context(), d)
 	return nil
 }
@@ -396,8 +396,9 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 		RunID: f.intent.RunID, Key: f.intent.Key, Attempt: f.intent.Attempts, Outcome: outcome,
 		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
 	})
-	d := ex.decision(f.boundary, f.method, "")
+	d := ex.decision(f.boundary, f.method, f.host)
 	d.Result, d.Intent, d.Recorded, d.StatusCode, d.Store = telemetry.Finished, f.intent.Key, outcome, code, time.Since(started)
+	d.Bytes = f.bytes
 	var ce *cutError
 	if ex.ctx != nil && errors.As(context.Cause(ex.ctx), &ce) {
 		d.Result, d.Reason = telemetry.Cut, ce.reason
@@ -412,7 +413,7 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 // its way back: the provider answered, the agent did not get all of it.
 func (p *Proxy) cutAnswer(ctx context.Context, ex *exchange, ce *cutError) {
 	f := ex.flow
-	d := ex.decision(f.boundary, f.method, "")
+	d := ex.decision(f.boundary, f.method, f.host)
 	d.Result, d.Reason, d.Intent, d.Recorded = telemetry.Cut, ce.reason, f.intent.Key, state.IntentResponded
 	// The record says what the provider did (it answered); the audit log
 	// also says the agent did not get all of the answer, and why.

@@ -1,6 +1,8 @@
 // Package telemetry is stopgate's own account of what it decided: one
 // canonical log line for every decision at a boundary (admitted, refused,
-// cut, finished), and the Prometheus metrics an operator watches. Every
+// cut, finished), and the Prometheus metrics an operator watches. At info
+// an effect is one line, when it ends (finished or cut) or is refused; its
+// admission is a debug line. Every
 // edge reports a decision through Decided, so the log line and the counters
 // never disagree and a field added here appears everywhere.
 //
@@ -113,6 +115,12 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 		m.cuts.WithLabelValues(string(d.Boundary), cutCause(d.Reason)).Inc()
 	}
 	level := slog.LevelInfo
+	if d.Result == Admitted {
+		// The effect's own line comes when it ends and says all this one
+		// would: an info line per admission too would double the log of a
+		// busy proxy (and its cost per request) for nothing new.
+		level = slog.LevelDebug
+	}
 	if d.Detail != "" || d.Reason == string(refusal.StoreUnavailable) || d.Reason == string(refusal.Internal) {
 		level = slog.LevelWarn
 	}

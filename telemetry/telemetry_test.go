@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -49,6 +50,63 @@ func TestOneDecisionOneLineAndItsCounters(t *testing.T) {
 	if n := counter(t, reg, "stopgate_decisions_total"); n != 1 {
 		t.Errorf("decisions counted %v, want 1", n)
 	}
+}
+
+// TestAnEffectIsOneInfoLineItsAdmissionADebugLine: at info, an admitted
+// effect logs once, when it ends; its admission is a debug line. Both
+// count.
+func TestAnEffectIsOneInfoLineItsAdmissionADebugLine(t *testing.T) {
+	for _, tc := range []struct {
+		level slog.Level
+		lines []string
+	}{
+		{slog.LevelInfo, []string{"finished"}},
+		{slog.LevelDebug, []string{"admitted", "finished"}},
+	} {
+		t.Run(tc.level.String(), func(t *testing.T) {
+			var buf bytes.Buffer
+			reg := prometheus.NewRegistry()
+			log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: tc.level}))
+			tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log, Store: "file"})
+			d := telemetry.Decision{Boundary: state.BoundaryHTTP, Run: "r1", Method: "POST", Host: "api.example:443", Intent: "d-1"}
+			d.Result, d.Recorded = telemetry.Admitted, state.IntentInFlight
+			tel.Decided(context.Background(), d)
+			d.Result, d.Recorded, d.StatusCode = telemetry.Finished, state.IntentResponded, 200
+			tel.Decided(context.Background(), d)
+			var got []string
+			for _, raw := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
+				var line map[string]any
+				if err := json.Unmarshal(raw, &line); err != nil {
+					t.Fatalf("not a JSON line: %v: %s", err, raw)
+				}
+				got = append(got, line["decision"].(string))
+				if line["host"] != "api.example:443" || line["run"] != "r1" {
+					t.Errorf("line lacks the effect's run or host: %s", raw)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.lines) {
+				t.Errorf("lines %v, want %v", got, tc.lines)
+			}
+			if n := series(t, reg, "stopgate_decisions_total"); n != 2 {
+				t.Errorf("%d series of decisions, want one for the admission and one for the end", n)
+			}
+		})
+	}
+}
+
+// series is how many series a metric has.
+func series(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return len(f.GetMetric())
+		}
+	}
+	return 0
 }
 
 // counter is the value of the one series of a counter.
