@@ -234,15 +234,51 @@ func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, err
 	return out, nil
 }
 
+// drainingPage is how many entries of the draining set one read takes:
+// the set is walked in pages, each settled before the next is read.
+const drainingPage = 1000
+
 // DrainingRuns lists the ids of CANCELLING and UNKNOWN runs from the
 // draining set, and drops from it the final runs it finds there.
+//
+// The set is walked with ZSCAN, a page at a time, and each page's final
+// runs are dropped before the next page is read: a set that grew large
+// (cancels applied while no sweeper ran, each leaving its entry) shrinks
+// with every walk, even one its caller's deadline cuts short, instead of
+// being read whole, and failing whole, on every sweep. ZSCAN returns
+// every id that stays in the set for the whole walk (some perhaps twice).
 func (s *Store) DrainingRuns(ctx context.Context) ([]string, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	ids, err := s.rdb.ZRange(ctx, drainingKey, 0, -1).Result()
-	if err != nil {
-		return nil, s.fail("draining runs", "", err)
+	var out []string
+	var cursor uint64
+	for {
+		ids, next, err := s.rdb.ZScan(ctx, drainingKey, cursor, "", drainingPage).Result()
+		if err != nil {
+			return nil, s.fail("draining runs", "", err)
+		}
+		// ZSCAN answers member, score, member, score, ...
+		members := make([]string, 0, len(ids)/2)
+		for i := 0; i < len(ids); i += 2 {
+			members = append(members, ids[i])
+		}
+		found, err := s.settleDraining(ctx, members)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, found...)
+		if cursor = next; cursor == 0 {
+			break
+		}
 	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// settleDraining reads the rows of ids from the draining set and returns
+// those still draining; final runs leave the set now, and entries without
+// a row or of a cancel never applied once they are old.
+func (s *Store) settleDraining(ctx context.Context, ids []string) ([]string, error) {
 	rows, err := s.statuses(ctx, "draining runs", ids, "status")
 	if err != nil {
 		return nil, err
@@ -262,16 +298,22 @@ func (s *Store) DrainingRuns(ctx context.Context) ([]string, error) {
 			final = append(final, id)
 		}
 	}
-	if len(final) > 0 {
-		if err := s.rdb.ZRem(ctx, drainingKey, anys(final)...).Err(); err != nil {
-			// The ids stay in the set and are dropped next time.
-			s.log.Warn("final runs not dropped from the draining set", "ids", len(final), "err", err)
-		}
-	}
+	s.dropFinal(ctx, final...)
 	s.unindex(ctx, "a cancel that was never applied", active, drainingKey)
 	s.rowless(ctx, rowless)
-	slices.Sort(out)
 	return out, nil
+}
+
+// dropFinal takes runs that are final out of the draining set: a final row
+// never changes again, so its entry can only cost reads. A failure leaves
+// them for the next walk.
+func (s *Store) dropFinal(ctx context.Context, ids ...string) {
+	if len(ids) == 0 {
+		return
+	}
+	if err := s.rdb.ZRem(ctx, drainingKey, anys(ids)...).Err(); err != nil {
+		s.log.Warn("final runs not dropped from the draining set", "ids", len(ids), "err", err)
+	}
 }
 
 // ActiveRuns lists up to limit ids of ACTIVE runs after `after`, in id

@@ -424,7 +424,14 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	if err := failure(req.RunID, "", r); err != nil {
 		return state.CancelResult{}, err
 	}
-	return state.CancelResult{Run: runOf(req.RunID, r.row), Changed: r.changed}, nil
+	res := state.CancelResult{Run: runOf(req.RunID, r.row), Changed: r.changed}
+	if res.Run.Final() {
+		// Nothing to drain (a run never admitted, or with nothing in
+		// flight): its draining entry would only be read and dropped
+		// by every instance's next sweep.
+		s.dropFinal(ctx, req.RunID)
+	}
+	return res, nil
 }
 
 // cancelReplicated runs the cancel script, then WAIT, on one connection to

@@ -602,3 +602,45 @@ func TestRunOfTheOldLayoutReadsAndMovesOn(t *testing.T) {
 		t.Fatalf("counts of the moved run: %+v", wantRow.Intents)
 	}
 }
+
+// A cancel that ends a run at once (nothing to drain) takes the run out of
+// the draining set itself; a set that holds many final runs anyway (left
+// by cancels that ran before this rule) is walked a page at a time and
+// emptied of them, while the runs still draining among them are listed.
+func TestDrainingSetKeepsOnlyDrainingRuns(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx := tctx(t)
+	draining := redisstore.IndexKeys[2]
+
+	must(s.Cancel(ctx, state.CancelRequest{RunID: "ghost", Actor: "op"}))(t)
+	if err := admin.ZScore(ctx, draining, "ghost").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("a run cancelled straight to CANCELLED stayed in the draining set (%v)", err)
+	}
+
+	// Two runs drain: each holds an effect in flight.
+	for _, id := range []string{"busy-a", "busy-b"} {
+		must(s.Admit(ctx, state.AdmitRequest{RunID: id, Actor: "test"}))(t)
+		must(s.Guard(ctx, state.GuardRequest{RunID: id, Key: "k", Boundary: state.BoundaryHTTP, Method: "POST",
+			Target: "https://x/", LeaseOwner: "w", LeaseTTL: time.Minute, Actor: "w"}))(t)
+		must(s.Cancel(ctx, state.CancelRequest{RunID: id, Actor: "op", DrainTimeout: time.Hour}))(t)
+	}
+	// A backlog of final runs, several pages of it, as older cancels left it.
+	const backlog = 2500
+	pipe := admin.Pipeline()
+	for i := range backlog {
+		id := fmt.Sprintf("old-%05d", i)
+		pipe.HSet(ctx, redisstore.KeysOf(id)[0], "status", string(state.StatusCancelled), "v", "2", "o", "0")
+		pipe.ZAdd(ctx, draining, redis.Z{Score: float64(time.Now().UnixMilli()), Member: id})
+	}
+	must(pipe.Exec(ctx))(t)
+
+	got := must(s.DrainingRuns(ctx))(t)
+	if !slices.Equal(got, []string{"busy-a", "busy-b"}) {
+		t.Fatalf("draining runs among a backlog of final ones: %v", got)
+	}
+	if n := must(admin.ZCard(ctx, draining).Result())(t); n != 2 {
+		t.Fatalf("the draining set holds %d entries after one walk, want the 2 runs still draining", n)
+	}
+}
