@@ -171,7 +171,8 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	if ex.body != nil {
 		greq.BodyDigest = ex.body.digest
 	}
-	if !explicit {
+	if !explicit && greq.BodyDigest != "" {
+		// The key derived above, now with the body it carries.
 		greq.Key = intents.DerivedKey(id.run, req.Method, req.URL.String(), greq.BodyDigest)
 	}
 	if r := p.guard(req, ex, greq); r != nil {

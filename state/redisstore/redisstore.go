@@ -180,6 +180,11 @@ func newClient(t target, opTimeout time.Duration) redis.UniversalClient {
 // op bounds one operation, all its round trips together, by OpTimeout (or
 // the caller's earlier deadline).
 func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.opTimeout {
+		// Bound already (the ledger bounds every guard and outcome): a
+		// second timer would end no sooner, and costs one per step.
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, s.opTimeout)
 }
 
