@@ -579,8 +579,9 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 			now = s.last
 		}
 		wrote := false
+		rows := newRowCache()
 		for i, w := range steps {
-			t := &txn{tx: tx, now: now}
+			t := &txn{tx: tx, now: now, rows: rows}
 			errs[i] = w.fn(t)
 			switch {
 			case errs[i] != nil && t.wrote:
@@ -595,6 +596,9 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 		}
 		if !wrote {
 			return errNoChange
+		}
+		if err := rows.flush(tx); err != nil {
+			return err
 		}
 		s.last = now
 		return nil

@@ -3,6 +3,7 @@ package filestore
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,6 +57,46 @@ type txn struct {
 	// wrote is set by every write, so that a transaction that wrote
 	// nothing is rolled back instead of paying for a commit.
 	wrote bool
+	// rows is shared by the steps of one commit.
+	rows *rowCache
+}
+
+// rowCache holds the run rows the steps of one commit have read or saved,
+// so that a group of steps on one run decodes its row once and writes it
+// once (flush, at the end of the commit), not once per step. Each step
+// works on its own copy and hands it back only through save: a step that
+// changes a row and then fails leaves the cache as it found it. A step
+// that failed after saving rolls the whole transaction back (see
+// Store.transaction), cache and all.
+type rowCache struct {
+	runs map[string]*cachedRun
+}
+
+type cachedRun struct {
+	rec    rowRecord
+	b      *bolt.Bucket
+	stored state.Status // as in runTx
+	dirty  bool         // saved since read: flush must write it
+}
+
+func newRowCache() *rowCache { return &rowCache{runs: make(map[string]*cachedRun, 4)} }
+
+// flush writes every row saved in this commit.
+func (c *rowCache) flush(tx *bolt.Tx) error {
+	var runs *bolt.Bucket
+	for id, cr := range c.runs {
+		if !cr.dirty {
+			continue
+		}
+		if runs == nil {
+			runs = tx.Bucket([]byte(bucketRuns))
+		}
+		if err := runs.Put([]byte(id), encodeRow(cr.rec)); err != nil {
+			return storeErr("writing run %s: %w", id, err)
+		}
+		cr.dirty = false
+	}
+	return nil
 }
 
 // rowRecord is a run row as stored. Retention is the ms time of the run's
@@ -140,11 +181,18 @@ func loadRecord(tx *bolt.Tx, id string) (rec rowRecord, b *bolt.Bucket, found bo
 }
 
 func (t *txn) run(id string) (*runTx, bool, error) {
-	rec, b, found, err := loadRecord(t.tx, id)
-	if err != nil || !found {
-		return nil, found, err
+	cr, ok := t.rows.runs[id]
+	if !ok {
+		rec, b, found, err := loadRecord(t.tx, id)
+		if err != nil || !found {
+			return nil, found, err
+		}
+		cr = &cachedRun{rec: rec, b: b, stored: rec.Status}
+		t.rows.runs[id] = cr
 	}
-	return &runTx{t: t, row: rec.Run, retention: rec.Retention, b: b, stored: rec.Status}, true, nil
+	row := cr.rec.Run
+	row.Intents = maps.Clone(cr.rec.Intents)
+	return &runTx{t: t, row: row, retention: cr.rec.Retention, b: cr.b, stored: cr.stored}, true, nil
 }
 
 // createRun writes a new row and its buckets; the caller sets the rest of
@@ -210,10 +258,11 @@ func (r *runTx) save() error {
 			return err
 		}
 	}
-	raw := encodeRow(rowRecord{Run: r.row, Retention: r.retention})
-	if err := r.t.put(r.t.tx.Bucket([]byte(bucketRuns)), []byte(r.row.ID), raw); err != nil {
-		return err
-	}
+	// The row itself is written once for the whole commit (rowCache.flush).
+	r.t.wrote = true
+	row := r.row
+	row.Intents = maps.Clone(r.row.Intents)
+	r.t.rows.runs[r.row.ID] = &cachedRun{rec: rowRecord{Run: row, Retention: r.retention}, b: r.b, stored: r.row.Status, dirty: true}
 	if r.stored != r.row.Status {
 		idx := r.t.tx.Bucket([]byte(bucketStatus))
 		if r.stored != "" {
