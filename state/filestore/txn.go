@@ -407,6 +407,12 @@ func (r *runTx) eachPending(want state.IntentState, fn func(rec *intentRecord) e
 // base: base for the first, base.n after. A key already taken (by an
 // explicit key that happens to look like base.n) is skipped, because each
 // derived dispatch must be a record of its own.
+//
+// The counter is written from the second dispatch on: the first one's
+// record (base) says as much, and most requests are made once, so a
+// guard writes no counter at all. A base with no counter starts its
+// search at base, finds it taken and goes on to base.2: the same key a
+// counter of 1 (as files written before this rule hold) gives.
 func (r *runTx) deriveKey(base string) (string, error) {
 	seq := r.b.Bucket([]byte(bucketSeq))
 	var n uint64
@@ -423,6 +429,9 @@ func (r *runTx) deriveKey(base string) (string, error) {
 			key = base + "." + strconv.FormatUint(n, 10)
 		}
 		if !r.hasIntent(key) {
+			if n == 1 {
+				return key, nil
+			}
 			return key, r.t.put(seq, []byte(base), u64(n))
 		}
 	}
