@@ -160,7 +160,7 @@ func TestGroupCommitSharesTheRowOfARun(t *testing.T) {
 				return err
 			}
 			r.row.Status = state.StatusCompleted
-			r.row.Intents[state.IntentInFlight] = 99
+			r.count(state.IntentInFlight, 99)
 			return errors.New("refused before writing")
 		})
 		if err == nil {

@@ -77,6 +77,10 @@ type cachedRun struct {
 	b      *bolt.Bucket
 	stored state.Status // as in runTx
 	dirty  bool         // saved since read: flush must write it
+	// ordered means the run's creation ordinal has been checked against a
+	// format 1 order bucket in this commit (putIntent), so that the
+	// lookup, a miss for every run of format 2, is made once per commit.
+	ordered bool
 }
 
 func newRowCache() *rowCache { return &rowCache{runs: make(map[string]*cachedRun, 4)} }
@@ -119,6 +123,12 @@ type runTx struct {
 	// the time of the row's last transition, as in the Redis store: count
 	// changes alone do not move it (intents carry their own times).
 	dirty bool
+	// c is the run's entry in the commit's row cache (nil for a run
+	// created by this step until it is saved); shared means row.Intents is
+	// the cache's map, which count copies before changing: the counts
+	// change through count only.
+	c      *cachedRun
+	shared bool
 }
 
 func storeErr(format string, args ...any) error {
@@ -190,9 +200,9 @@ func (t *txn) run(id string) (*runTx, bool, error) {
 		cr = &cachedRun{rec: rec, b: b, stored: rec.Status}
 		t.rows.runs[id] = cr
 	}
-	row := cr.rec.Run
-	row.Intents = maps.Clone(cr.rec.Intents)
-	return &runTx{t: t, row: row, retention: cr.rec.Retention, b: cr.b, stored: cr.stored}, true, nil
+	// The counts are shared with the cache until the step changes them
+	// (count), so that a step copies them at most once.
+	return &runTx{t: t, row: cr.rec.Run, retention: cr.rec.Retention, b: cr.b, stored: cr.stored, c: cr, shared: true}, true, nil
 }
 
 // createRun writes a new row and its buckets; the caller sets the rest of
@@ -259,10 +269,16 @@ func (r *runTx) save() error {
 		}
 	}
 	// The row itself is written once for the whole commit (rowCache.flush).
+	// The cache takes the step's counts as they are: the step copies them
+	// again before changing them (count).
 	r.t.wrote = true
-	row := r.row
-	row.Intents = maps.Clone(r.row.Intents)
-	r.t.rows.runs[r.row.ID] = &cachedRun{rec: rowRecord{Run: row, Retention: r.retention}, b: r.b, stored: r.row.Status, dirty: true}
+	if r.c == nil {
+		r.c = &cachedRun{}
+		r.t.rows.runs[r.row.ID] = r.c
+	}
+	r.c.rec = rowRecord{Run: r.row, Retention: r.retention}
+	r.c.b, r.c.stored, r.c.dirty = r.b, r.row.Status, true
+	r.shared = true
 	if r.stored != r.row.Status {
 		idx := r.t.tx.Bucket([]byte(bucketStatus))
 		if r.stored != "" {
@@ -330,11 +346,16 @@ func isPending(s state.IntentState) bool {
 func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 	if from == "" {
 		intents := r.b.Bucket([]byte(bucketIntents))
-		if order := r.b.Bucket([]byte(bucketOrder)); order != nil && intents.Sequence() < order.Sequence() {
-			// A run of format 1 numbered its intents in a bucket of
-			// their own: go on after them.
-			if err := intents.SetSequence(order.Sequence()); err != nil {
-				return storeErr("run %s: creation order: %w", r.row.ID, err)
+		if r.c == nil || !r.c.ordered {
+			if order := r.b.Bucket([]byte(bucketOrder)); order != nil && intents.Sequence() < order.Sequence() {
+				// A run of format 1 numbered its intents in a bucket of
+				// their own: go on after them.
+				if err := intents.SetSequence(order.Sequence()); err != nil {
+					return storeErr("run %s: creation order: %w", r.row.ID, err)
+				}
+			}
+			if r.c != nil {
+				r.c.ordered = true
 			}
 		}
 		n, err := r.t.nextSeq(intents)
@@ -364,6 +385,10 @@ func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 }
 
 func (r *runTx) count(s state.IntentState, delta int) {
+	if r.shared {
+		r.row.Intents = maps.Clone(r.row.Intents)
+		r.shared = false
+	}
 	n := r.row.Intents[s] + delta
 	if n <= 0 {
 		delete(r.row.Intents, s)
