@@ -303,6 +303,9 @@ func (r *runTx) event(e state.Event) error {
 	e.Version = r.row.CancelVersion
 	raw := encodeEvent(e)
 	b := r.b.Bucket([]byte(bucketEvents))
+	// Events are only ever appended: a full page need not leave room for
+	// keys that will never come between its own.
+	b.FillPercent = 1
 	n, err := r.t.nextSeq(b)
 	if err != nil {
 		return err
