@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -81,6 +82,9 @@ type cachedRun struct {
 	// format 1 order bucket in this commit (putIntent), so that the
 	// lookup, a miss for every run of format 2, is made once per commit.
 	ordered bool
+	// cursors are the commit's cursors for reads by key (get), one per
+	// bucket they read.
+	cursors []*bolt.Cursor
 }
 
 func newRowCache() *rowCache { return &rowCache{runs: make(map[string]*cachedRun, 4)} }
@@ -323,8 +327,34 @@ func (r *runTx) move(to state.Status, reason, actor string) error {
 	return r.event(state.Event{Actor: actor, Kind: state.EventRunTransition, From: string(from), To: string(to), Reason: reason})
 }
 
+// get is b.Get(key) through a cursor the steps of this commit share: a
+// Get makes a cursor, whose path from the root it allocates anew, for
+// every read. A cursor's Seek walks from the root again, so it sees every
+// write made since its last Seek.
+func (r *runTx) get(b *bolt.Bucket, key []byte) []byte {
+	if r.c == nil {
+		return b.Get(key)
+	}
+	var c *bolt.Cursor
+	for _, cc := range r.c.cursors {
+		if cc.Bucket() == b {
+			c = cc
+			break
+		}
+	}
+	if c == nil {
+		c = b.Cursor()
+		r.c.cursors = append(r.c.cursors, c)
+	}
+	k, v := c.Seek(key)
+	if !bytes.Equal(k, key) {
+		return nil
+	}
+	return v
+}
+
 func (r *runTx) intent(key string) (*intentRecord, bool, error) {
-	raw := r.b.Bucket([]byte(bucketIntents)).Get([]byte(key))
+	raw := r.get(r.b.Bucket([]byte(bucketIntents)), []byte(key))
 	if raw == nil {
 		return nil, false, nil
 	}
@@ -336,7 +366,7 @@ func (r *runTx) intent(key string) (*intentRecord, bool, error) {
 }
 
 func (r *runTx) hasIntent(key string) bool {
-	return r.b.Bucket([]byte(bucketIntents)).Get([]byte(key)) != nil
+	return r.get(r.b.Bucket([]byte(bucketIntents)), []byte(key)) != nil
 }
 
 func isPending(s state.IntentState) bool {
@@ -444,7 +474,7 @@ func (r *runTx) eachPending(want state.IntentState, fn func(rec *intentRecord) e
 func (r *runTx) deriveKey(base string) (string, error) {
 	seq := r.b.Bucket([]byte(bucketSeq))
 	var n uint64
-	if v := seq.Get([]byte(base)); v != nil {
+	if v := r.get(seq, []byte(base)); v != nil {
 		if len(v) != 8 {
 			return "", storeErr("run %s: derived key counter for %s is %d bytes", r.row.ID, base, len(v))
 		}
