@@ -18,7 +18,8 @@
 //	    intents       key → intent record (creation ordinal: the bucket's sequence)
 //	    order         sequence (big endian) → key, creation order of format 1 files only
 //	    pending       sequence → key, for intents IN_FLIGHT or SCHEDULED only
-//	    seq           derived key base → dispatch count (big endian)
+//	    seq           derived key base → dispatch count (big endian), from the
+//	                  base's second dispatch on (deriveKey)
 //	    events        sequence → event, commit order
 package filestore
 
