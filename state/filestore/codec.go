@@ -71,6 +71,53 @@ func (d *dec) text() string {
 	return s
 }
 
+// bytes is the next text as it is stored, without a copy.
+func (d *dec) bytes() []byte {
+	n := d.uint()
+	if d.err != nil || n > uint64(len(d.b)) {
+		d.fail()
+		return nil
+	}
+	b := d.b[:n]
+	d.b = d.b[n:]
+	return b
+}
+
+// name is the next text when it is one of a few known names (states,
+// boundaries), which it returns without allocating a copy of.
+func name[T ~string](d *dec, known []T) T {
+	b := d.bytes()
+	for _, k := range known {
+		if string(k) == string(b) {
+			return k
+		}
+	}
+	return T(b)
+}
+
+// method is the next text, a request method: the common ones are
+// returned without allocating a copy.
+func (d *dec) method() string {
+	b := d.bytes()
+	switch string(b) {
+	case "GET":
+		return "GET"
+	case "POST":
+		return "POST"
+	case "PUT":
+		return "PUT"
+	case "PATCH":
+		return "PATCH"
+	case "DELETE":
+		return "DELETE"
+	case "HEAD":
+		return "HEAD"
+	case "CONNECT":
+		return "CONNECT"
+	}
+	return string(b)
+}
+
 func (d *dec) time() time.Time {
 	ms := d.int()
 	if ms == 0 {
@@ -175,9 +222,9 @@ func decodeIntent(runID, key string, raw []byte) (intentRecord, error) {
 	in := &rec.Intent
 	in.RunID, in.Key = runID, key
 	rec.Seq = d.uint()
-	in.Boundary = state.Boundary(d.text())
-	in.State = state.IntentState(d.text())
-	in.Method = d.text()
+	in.Boundary = name(&d, state.Boundaries)
+	in.State = name(&d, state.IntentStates)
+	in.Method = d.method()
 	in.Target = d.text()
 	in.BodyDigest = d.text()
 	in.StatusCode = int(d.int())

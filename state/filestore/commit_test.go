@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -103,5 +104,77 @@ func TestGroupCommitIsolatesAFailedStep(t *testing.T) {
 	// the rollback); a step queued behind c in it never ran there.
 	if runs["a"] != 1 || runs["c"] != 2 || runs["b"] < 1 || runs["b"] > 2 || runs["d"] < 1 || runs["d"] > 2 {
 		t.Fatalf("step runs %v: want a once, c twice (shared, then alone), b and d once or twice", runs)
+	}
+}
+
+// Steps of one commit on one run share its row (read once, written once):
+// each sees what the steps before it saved, and a step that changes the
+// row and then fails without writing leaves no trace of its change.
+func TestGroupCommitSharesTheRowOfARun(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	queued := func() int {
+		s.w.mu.Lock()
+		defer s.w.mu.Unlock()
+		return len(s.w.queue)
+	}
+	var wg sync.WaitGroup
+	started := make(chan struct{})
+	wg.Go(func() {
+		_ = s.update(ctx, "hold", func(t *txn) error {
+			close(started)
+			deadline := time.Now().Add(10 * time.Second)
+			for queued() < 3 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		})
+	})
+	<-started
+	var mu sync.Mutex
+	var counts []int
+	for _, key := range []string{"k1", "k2"} {
+		wg.Go(func() {
+			g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP,
+				LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
+			if err != nil || !g.Admitted {
+				t.Errorf("guard %s: %+v %v", key, g, err)
+				return
+			}
+			mu.Lock()
+			counts = append(counts, g.Run.Intents[state.IntentInFlight])
+			mu.Unlock()
+		})
+	}
+	wg.Go(func() {
+		err := s.update(ctx, "meddle", func(t *txn) error {
+			r, _, err := t.run("r")
+			if err != nil {
+				return err
+			}
+			r.row.Status = state.StatusCompleted
+			r.count(state.IntentInFlight, 99)
+			return errors.New("refused before writing")
+		})
+		if err == nil {
+			t.Error("the meddling step succeeded")
+		}
+	})
+	wg.Wait()
+
+	slices.Sort(counts)
+	if !slices.Equal(counts, []int{1, 2}) {
+		t.Fatalf("the guards saw %v intents in flight, want 1 and 2", counts)
+	}
+	r, err := s.Get(ctx, "r")
+	if err != nil || r.Status != state.StatusActive || r.Intents[state.IntentInFlight] != 2 || len(r.Intents) != 1 {
+		t.Fatalf("row after the commit: %+v %v", r, err)
 	}
 }

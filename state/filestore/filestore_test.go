@@ -555,3 +555,56 @@ func TestFormatOneFileOpensAndMovesOn(t *testing.T) {
 		t.Fatalf("events after reopening: %+v %v", evs, err)
 	}
 }
+
+// A derived key's counter as files written before the counter became
+// lazy hold it (1 after the first dispatch of a base) goes on to base.2,
+// and a file that has none for a base already dispatched goes on to the
+// same key: both layouts number a base's dispatches alike.
+func TestDerivedKeyCounterOfAnOlderFileGoesOn(t *testing.T) {
+	for _, counter := range []bool{true, false} {
+		t.Run(fmt.Sprintf("counter=%v", counter), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "stopgate.db")
+			ctx := testCtx(t)
+			guard := func(s *filestore.Store) string {
+				t.Helper()
+				g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "base", Boundary: state.BoundaryHTTP,
+					AutoAdmit: true, LeaseOwner: "p", LeaseTTL: lease, Actor: "p"})
+				if err != nil || !g.Admitted {
+					t.Fatalf("guard: %+v %v", g, err)
+				}
+				return g.Intent.Key
+			}
+			s := open(t, path)
+			if k := guard(s); k != "base" {
+				t.Fatalf("first dispatch under %q, want base", k)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(func(tx *bolt.Tx) error {
+				seq := tx.Bucket([]byte("run")).Bucket([]byte("r")).Bucket([]byte("seq"))
+				if !counter {
+					return seq.Delete([]byte("base"))
+				}
+				return seq.Put([]byte("base"), binary.BigEndian.AppendUint64(nil, 1))
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = open(t, path)
+			defer s.Close()
+			for _, want := range []string{"base.2", "base.3"} {
+				if k := guard(s); k != want {
+					t.Fatalf("next dispatch under %q, want %s", k, want)
+				}
+			}
+		})
+	}
+}

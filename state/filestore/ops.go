@@ -298,13 +298,15 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 
 func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	key := req.Key
-	if !req.ExplicitKey {
-		var err error
-		if key, err = r.deriveKey(req.Key); err != nil {
-			return state.GuardResult{}, err
-		}
+	var rec *intentRecord
+	var exists bool
+	var err error
+	if req.ExplicitKey {
+		rec, exists, err = r.intent(key)
+	} else {
+		// A derived key is one no record has yet.
+		key, err = r.deriveKey(req.Key)
 	}
-	rec, exists, err := r.intent(key)
 	if err != nil {
 		return state.GuardResult{}, err
 	}

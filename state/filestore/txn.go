@@ -1,8 +1,10 @@
 package filestore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,6 +58,53 @@ type txn struct {
 	// wrote is set by every write, so that a transaction that wrote
 	// nothing is rolled back instead of paying for a commit.
 	wrote bool
+	// rows is shared by the steps of one commit.
+	rows *rowCache
+}
+
+// rowCache holds the run rows the steps of one commit have read or saved,
+// so that a group of steps on one run decodes its row once and writes it
+// once (flush, at the end of the commit), not once per step. Each step
+// works on its own copy and hands it back only through save: a step that
+// changes a row and then fails leaves the cache as it found it. A step
+// that failed after saving rolls the whole transaction back (see
+// Store.transaction), cache and all.
+type rowCache struct {
+	runs map[string]*cachedRun
+}
+
+type cachedRun struct {
+	rec    rowRecord
+	b      *bolt.Bucket
+	stored state.Status // as in runTx
+	dirty  bool         // saved since read: flush must write it
+	// ordered means the run's creation ordinal has been checked against a
+	// format 1 order bucket in this commit (putIntent), so that the
+	// lookup, a miss for every run of format 2, is made once per commit.
+	ordered bool
+	// cursors are the commit's cursors for reads by key (get), one per
+	// bucket they read.
+	cursors []*bolt.Cursor
+}
+
+func newRowCache() *rowCache { return &rowCache{runs: make(map[string]*cachedRun, 4)} }
+
+// flush writes every row saved in this commit.
+func (c *rowCache) flush(tx *bolt.Tx) error {
+	var runs *bolt.Bucket
+	for id, cr := range c.runs {
+		if !cr.dirty {
+			continue
+		}
+		if runs == nil {
+			runs = tx.Bucket([]byte(bucketRuns))
+		}
+		if err := runs.Put([]byte(id), encodeRow(cr.rec)); err != nil {
+			return storeErr("writing run %s: %w", id, err)
+		}
+		cr.dirty = false
+	}
+	return nil
 }
 
 // rowRecord is a run row as stored. Retention is the ms time of the run's
@@ -78,6 +127,12 @@ type runTx struct {
 	// the time of the row's last transition, as in the Redis store: count
 	// changes alone do not move it (intents carry their own times).
 	dirty bool
+	// c is the run's entry in the commit's row cache (nil for a run
+	// created by this step until it is saved); shared means row.Intents is
+	// the cache's map, which count copies before changing: the counts
+	// change through count only.
+	c      *cachedRun
+	shared bool
 }
 
 func storeErr(format string, args ...any) error {
@@ -140,11 +195,18 @@ func loadRecord(tx *bolt.Tx, id string) (rec rowRecord, b *bolt.Bucket, found bo
 }
 
 func (t *txn) run(id string) (*runTx, bool, error) {
-	rec, b, found, err := loadRecord(t.tx, id)
-	if err != nil || !found {
-		return nil, found, err
+	cr, ok := t.rows.runs[id]
+	if !ok {
+		rec, b, found, err := loadRecord(t.tx, id)
+		if err != nil || !found {
+			return nil, found, err
+		}
+		cr = &cachedRun{rec: rec, b: b, stored: rec.Status}
+		t.rows.runs[id] = cr
 	}
-	return &runTx{t: t, row: rec.Run, retention: rec.Retention, b: b, stored: rec.Status}, true, nil
+	// The counts are shared with the cache until the step changes them
+	// (count), so that a step copies them at most once.
+	return &runTx{t: t, row: cr.rec.Run, retention: cr.rec.Retention, b: cr.b, stored: cr.stored, c: cr, shared: true}, true, nil
 }
 
 // createRun writes a new row and its buckets; the caller sets the rest of
@@ -210,10 +272,17 @@ func (r *runTx) save() error {
 			return err
 		}
 	}
-	raw := encodeRow(rowRecord{Run: r.row, Retention: r.retention})
-	if err := r.t.put(r.t.tx.Bucket([]byte(bucketRuns)), []byte(r.row.ID), raw); err != nil {
-		return err
+	// The row itself is written once for the whole commit (rowCache.flush).
+	// The cache takes the step's counts as they are: the step copies them
+	// again before changing them (count).
+	r.t.wrote = true
+	if r.c == nil {
+		r.c = &cachedRun{}
+		r.t.rows.runs[r.row.ID] = r.c
 	}
+	r.c.rec = rowRecord{Run: r.row, Retention: r.retention}
+	r.c.b, r.c.stored, r.c.dirty = r.b, r.row.Status, true
+	r.shared = true
 	if r.stored != r.row.Status {
 		idx := r.t.tx.Bucket([]byte(bucketStatus))
 		if r.stored != "" {
@@ -238,6 +307,9 @@ func (r *runTx) event(e state.Event) error {
 	e.Version = r.row.CancelVersion
 	raw := encodeEvent(e)
 	b := r.b.Bucket([]byte(bucketEvents))
+	// Events are only ever appended: a full page need not leave room for
+	// keys that will never come between its own.
+	b.FillPercent = 1
 	n, err := r.t.nextSeq(b)
 	if err != nil {
 		return err
@@ -255,8 +327,34 @@ func (r *runTx) move(to state.Status, reason, actor string) error {
 	return r.event(state.Event{Actor: actor, Kind: state.EventRunTransition, From: string(from), To: string(to), Reason: reason})
 }
 
+// get is b.Get(key) through a cursor the steps of this commit share: a
+// Get makes a cursor, whose path from the root it allocates anew, for
+// every read. A cursor's Seek walks from the root again, so it sees every
+// write made since its last Seek.
+func (r *runTx) get(b *bolt.Bucket, key []byte) []byte {
+	if r.c == nil {
+		return b.Get(key)
+	}
+	var c *bolt.Cursor
+	for _, cc := range r.c.cursors {
+		if cc.Bucket() == b {
+			c = cc
+			break
+		}
+	}
+	if c == nil {
+		c = b.Cursor()
+		r.c.cursors = append(r.c.cursors, c)
+	}
+	k, v := c.Seek(key)
+	if !bytes.Equal(k, key) {
+		return nil
+	}
+	return v
+}
+
 func (r *runTx) intent(key string) (*intentRecord, bool, error) {
-	raw := r.b.Bucket([]byte(bucketIntents)).Get([]byte(key))
+	raw := r.get(r.b.Bucket([]byte(bucketIntents)), []byte(key))
 	if raw == nil {
 		return nil, false, nil
 	}
@@ -268,7 +366,7 @@ func (r *runTx) intent(key string) (*intentRecord, bool, error) {
 }
 
 func (r *runTx) hasIntent(key string) bool {
-	return r.b.Bucket([]byte(bucketIntents)).Get([]byte(key)) != nil
+	return r.get(r.b.Bucket([]byte(bucketIntents)), []byte(key)) != nil
 }
 
 func isPending(s state.IntentState) bool {
@@ -281,11 +379,16 @@ func isPending(s state.IntentState) bool {
 func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 	if from == "" {
 		intents := r.b.Bucket([]byte(bucketIntents))
-		if order := r.b.Bucket([]byte(bucketOrder)); order != nil && intents.Sequence() < order.Sequence() {
-			// A run of format 1 numbered its intents in a bucket of
-			// their own: go on after them.
-			if err := intents.SetSequence(order.Sequence()); err != nil {
-				return storeErr("run %s: creation order: %w", r.row.ID, err)
+		if r.c == nil || !r.c.ordered {
+			if order := r.b.Bucket([]byte(bucketOrder)); order != nil && intents.Sequence() < order.Sequence() {
+				// A run of format 1 numbered its intents in a bucket of
+				// their own: go on after them.
+				if err := intents.SetSequence(order.Sequence()); err != nil {
+					return storeErr("run %s: creation order: %w", r.row.ID, err)
+				}
+			}
+			if r.c != nil {
+				r.c.ordered = true
 			}
 		}
 		n, err := r.t.nextSeq(intents)
@@ -315,6 +418,10 @@ func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 }
 
 func (r *runTx) count(s state.IntentState, delta int) {
+	if r.shared {
+		r.row.Intents = maps.Clone(r.row.Intents)
+		r.shared = false
+	}
 	n := r.row.Intents[s] + delta
 	if n <= 0 {
 		delete(r.row.Intents, s)
@@ -358,10 +465,16 @@ func (r *runTx) eachPending(want state.IntentState, fn func(rec *intentRecord) e
 // base: base for the first, base.n after. A key already taken (by an
 // explicit key that happens to look like base.n) is skipped, because each
 // derived dispatch must be a record of its own.
+//
+// The counter is written from the second dispatch on: the first one's
+// record (base) says as much, and most requests are made once, so a
+// guard writes no counter at all. A base with no counter starts its
+// search at base, finds it taken and goes on to base.2: the same key a
+// counter of 1 (as files written before this rule hold) gives.
 func (r *runTx) deriveKey(base string) (string, error) {
 	seq := r.b.Bucket([]byte(bucketSeq))
 	var n uint64
-	if v := seq.Get([]byte(base)); v != nil {
+	if v := r.get(seq, []byte(base)); v != nil {
 		if len(v) != 8 {
 			return "", storeErr("run %s: derived key counter for %s is %d bytes", r.row.ID, base, len(v))
 		}
@@ -374,6 +487,9 @@ func (r *runTx) deriveKey(base string) (string, error) {
 			key = base + "." + strconv.FormatUint(n, 10)
 		}
 		if !r.hasIntent(key) {
+			if n == 1 {
+				return key, nil
+			}
 			return key, r.t.put(seq, []byte(base), u64(n))
 		}
 	}
