@@ -838,10 +838,12 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	defer cancel()
 	k := keysOf(runID)
 	var exists *redis.IntCmd
-	var msgs *redis.XMessageSliceCmd
+	var entries *redis.Cmd
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, k.row)
-		msgs = p.XRange(ctx, k.events, "-", "+")
+		// Read raw, not with XRange: an entry holds a field e per event,
+		// and a map of its fields would keep one.
+		entries = p.Do(ctx, "XRANGE", k.events, "-", "+")
 		return nil
 	})
 	if err != nil {
@@ -850,9 +852,20 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	if exists.Val() == 0 {
 		return nil, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
 	}
-	out := make([]state.Event, 0, len(msgs.Val()))
-	for _, m := range msgs.Val() {
-		out = append(out, eventOf(runID, m.ID, m.Values))
+	list, _ := entries.Val().([]any)
+	out := make([]state.Event, 0, len(list))
+	for _, x := range list {
+		entry, ok := x.([]any)
+		if !ok || len(entry) != 2 {
+			return nil, fmt.Errorf("redis events run %s: an entry of the audit stream is %T, not [id fields]", runID, x)
+		}
+		id, _ := entry[0].(string)
+		raw, _ := entry[1].([]any)
+		fields := make([]string, len(raw))
+		for i, f := range raw {
+			fields[i], _ = f.(string)
+		}
+		out = append(out, eventsOf(runID, id, fields)...)
 	}
 	return out, nil
 }

@@ -12,7 +12,7 @@
 -- again included, or its outcome) is
 -- decided against that view, which takes its changes, and appends its
 -- event; their writes go out together at the end, one HSET, one ZADD, one
--- ZREM. The first step off the common path ends that: what is staged is
+-- ZREM, and their events as one entry of the audit stream (one XADD). The first step off the common path ends that: what is staged is
 -- written, and it and every step after it run one by one (op_guard,
 -- op_finish), each reading afresh.
 local n = tonumber(ARGV[1])
@@ -41,7 +41,7 @@ end
 
 local status, ver = view.status, view.v
 -- The staged writes.
-local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
+local hset, zadd, zrem, events = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}, {}
 -- The row's own fields the common steps moved, written once at the end.
 local dirty = {}
 local function bump(f, by)
@@ -62,6 +62,9 @@ local function flush()
   end
   if #zrem > 2 then
     call(unpack(zrem))
+  end
+  if #events > 0 then
+    append_events(events)
   end
 end
 
@@ -114,7 +117,7 @@ while common and j <= n do
       bump('n:IN_FLIGHT', 1)
       zadd[#zadd + 1] = '-' .. lease_s
       zadd[#zadd + 1] = key
-      append_event('intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
+      events[#events + 1] = 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n'
       out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
     end
     o = o + 14
@@ -137,8 +140,8 @@ while common and j <= n do
     bump('n:IN_FLIGHT', -1)
     bump('n:' .. outcome, 1)
     zrem[#zrem + 1] = key
-    append_event('intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-      esc(actor) .. '\n' .. esc(why_of(source, reason)))
+    events[#events + 1] = 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+      esc(actor) .. '\n' .. esc(why_of(source, reason))
     out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
     o = o + 8
   end

@@ -262,35 +262,47 @@ local function n_of(run, st)
   return tonumber(run['n:' .. st]) or 0
 end
 
--- Appends one line to the run's audit log: one stream entry with one field
--- e, "kind version from to intent" (the version is the row's after the
--- step; from, to and intent may be empty) then, a line each, actor and
--- reason, escaped as texts of a record are. The stream id is the event's
--- time (Redis keeps ids increasing).
+-- An event is one line of the run's audit log: "kind version from to
+-- intent" (the version is the row's after the step; from, to and intent may
+-- be empty) then, a line each, actor and reason, escaped as texts of a
+-- record are.
 local function event_line(v, actor, kind, reason, from, to, intent)
   return kind .. ' ' .. v .. ' ' .. (from or '') .. ' ' .. (to or '') .. ' ' .. (intent or '') .. '\n' ..
     esc(actor) .. '\n' .. esc(reason or '')
 end
 
--- append_event adds line to the audit stream under the step's time (id
--- "ms-*"), not the time XADD runs at: a server stopped halfway through a
--- step (SIGSTOP) must not date the step's events at its resume, after the
--- fence was checked. Ids still increase, since a step's time never goes
--- back; a stream whose last entry is later (written by an older layout,
--- with the server's time) or a Redis without "ms-*" ids takes the
--- server's time instead.
-local function append_event(line)
+-- append_events writes lines, events of one time, as one entry of the
+-- audit stream: a field e for each, in order (Redis keeps a stream entry's
+-- fields in order, repeated names included). The general rules write an
+-- entry per event; a batch writes the events of all its common steps as
+-- one entry: they share one time, and one entry costs one XADD and one
+-- entry's overhead in memory.
+--
+-- The entry's id is the step's time (id "ms-*"), not the time XADD runs
+-- at: a server stopped halfway through a step (SIGSTOP) must not date the
+-- step's events at its resume, after the fence was checked. Ids still
+-- increase, since a step's time never goes back; a stream whose last entry
+-- is later (written by an older layout, with the server's time) or a Redis
+-- without "ms-*" ids takes the server's time instead.
+local function append_events(lines)
+  local args = {'XADD', K_EVENTS, '*', 'e', lines[1]}
+  for i = 2, #lines do
+    args[2 * i + 2] = 'e'
+    args[2 * i + 3] = lines[i]
+  end
   if step_ms then
-    local id = redis.pcall('XADD', K_EVENTS, int(step_ms) .. '-*', 'e', line)
+    args[3] = int(step_ms) .. '-*'
+    local id = redis.pcall(unpack(args))
     if type(id) ~= 'table' or not id.err then
       return
     end
+    args[3] = '*'
   end
-  call('XADD', K_EVENTS, '*', 'e', line)
+  call(unpack(args))
 end
 
 local function event(run, actor, kind, reason, from, to, intent)
-  append_event(event_line(run.v, actor, kind, reason, from, to, intent))
+  append_events({event_line(run.v, actor, kind, reason, from, to, intent)})
   changed = true
 end
 
