@@ -9,12 +9,12 @@
 -- The common case is written out once more, for the whole batch: the row
 -- and every record the steps name are read in one HMGET; each step on the
 -- common path (a new effect admitted on an ACTIVE run, the same request
--- again included, or its outcome) is
--- decided against that view, which takes its changes, and appends its
--- event; their writes go out together at the end, one HSET, one ZADD, one
--- ZREM, and their events as one entry of the audit stream (one XADD). The first step off the common path ends that: what is staged is
--- written, and it and every step after it run one by one (op_guard,
--- op_finish), each reading afresh.
+-- again included, or its outcome) is decided against that view, which
+-- takes its changes, and adds its event; their writes go out together at
+-- the end, one HSET, one ZADD, one ZREM, and their events as one entry of
+-- the audit stream (one XADD). The first step off the common path ends
+-- that: what is staged is written, and it and every step after it run one
+-- by one (op_guard, op_finish), each reading afresh.
 local n = tonumber(ARGV[1])
 local at = server_ms()
 local out = {}
@@ -42,18 +42,24 @@ end
 local status, ver = view.status, view.v
 -- A batch's steps mostly repeat their texts (actor, lease owner, method,
 -- target): each is escaped once a call, since esc costs two calls out of
--- Lua and a table look-up costs none.
-local escaped = {}
-local function esc_once(s)
-  local e = escaped[s]
-  if not e then
-    e = esc(s)
-    escaped[s] = e
+-- Lua and a table look-up costs none. A lone step has nothing to repeat,
+-- and the table would cost it more than it saves.
+local esc_once = esc
+if n > 1 then
+  local escaped = {}
+  esc_once = function(s)
+    local e = escaped[s]
+    if not e then
+      e = esc(s)
+      escaped[s] = e
+    end
+    return e
   end
-  return e
 end
 -- The staged writes.
-local hset, zadd, zrem, events = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}, {}
+local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
+-- The common steps' events, one entry of the audit stream.
+local entry
 -- The row's own fields the common steps moved (its counts, its ordinal),
 -- kept as numbers and written once at the end.
 local moved = {}
@@ -75,8 +81,8 @@ local function flush()
   if #zrem > 2 then
     call(unpack(zrem))
   end
-  if #events > 0 then
-    append_events(events)
+  if entry then
+    append_entry(entry)
   end
 end
 
@@ -130,7 +136,7 @@ while common and j <= n do
       bump('n:IN_FLIGHT', 1)
       zadd[#zadd + 1] = '-' .. lease_s
       zadd[#zadd + 1] = key
-      events[#events + 1] = 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
+      entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
       -- An admitted guard answers the row's status and version, the same
       -- for every guard of the batch.
       row = row or {'status', status, 'v', ver}
@@ -156,8 +162,8 @@ while common and j <= n do
     bump('n:IN_FLIGHT', -1)
     bump('n:' .. outcome, 1)
     zrem[#zrem + 1] = key
-    events[#events + 1] = 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-      esc_once(actor) .. '\n' .. esc_once(why_of(source, reason))
+    entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+      esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
     out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
     o = o + 8
   end

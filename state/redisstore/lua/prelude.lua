@@ -271,38 +271,42 @@ local function event_line(v, actor, kind, reason, from, to, intent)
     esc(actor) .. '\n' .. esc(reason or '')
 end
 
--- append_events writes lines, events of one time, as one entry of the
--- audit stream: a field e for each, in order (Redis keeps a stream entry's
--- fields in order, repeated names included). The general rules write an
--- entry per event; a batch writes the events of all its common steps as
--- one entry: they share one time, and one entry costs one XADD and one
--- entry's overhead in memory.
---
+-- An entry of the audit stream is made as the arguments of its XADD:
+-- add_event starts one (entry nil) or adds a line to it, a field e for
+-- each, in order (Redis keeps an entry's fields in order, repeated names
+-- included), and append_entry writes it. The events of an entry share one
+-- time: the general rules write an entry per event; a batch writes the
+-- events of all its common steps as one entry, one XADD and one entry's
+-- overhead in memory for them all.
+local function add_event(entry, line)
+  if not entry then
+    return {'XADD', K_EVENTS, '*', 'e', line}
+  end
+  entry[#entry + 1] = 'e'
+  entry[#entry + 1] = line
+  return entry
+end
+
 -- The entry's id is the step's time (id "ms-*"), not the time XADD runs
 -- at: a server stopped halfway through a step (SIGSTOP) must not date the
 -- step's events at its resume, after the fence was checked. Ids still
 -- increase, since a step's time never goes back; a stream whose last entry
 -- is later (written by an older layout, with the server's time) or a Redis
 -- without "ms-*" ids takes the server's time instead.
-local function append_events(lines)
-  local args = {'XADD', K_EVENTS, '*', 'e', lines[1]}
-  for i = 2, #lines do
-    args[2 * i + 2] = 'e'
-    args[2 * i + 3] = lines[i]
-  end
+local function append_entry(entry)
   if step_ms then
-    args[3] = int(step_ms) .. '-*'
-    local id = redis.pcall(unpack(args))
+    entry[3] = int(step_ms) .. '-*'
+    local id = redis.pcall(unpack(entry))
     if type(id) ~= 'table' or not id.err then
       return
     end
-    args[3] = '*'
+    entry[3] = '*'
   end
-  call(unpack(args))
+  call(unpack(entry))
 end
 
 local function event(run, actor, kind, reason, from, to, intent)
-  append_events({event_line(run.v, actor, kind, reason, from, to, intent)})
+  append_entry(add_event(nil, event_line(run.v, actor, kind, reason, from, to, intent)))
   changed = true
 end
 
