@@ -248,10 +248,23 @@ func (k *keyedRecord) intent(runID string) (state.Intent, error) {
 
 func parseReply(v any) (reply, error) {
 	a, ok := v.([]any)
+	str := func(x any) string { s, _ := x.(string); return s }
+	if ok && len(a) >= 4 {
+		// A step on the batch's common path (lua/batch.lua) answers one
+		// flat array: ok and changed, no code or detail, the record, and
+		// for an admitted guard the row's status and version.
+		switch res := str(a[0]); {
+		case res == "admitted" && len(a) == 6, res == "recorded" && len(a) == 4:
+			r := reply{result: "ok", changed: true, intent: &keyedRecord{key: str(a[1]), imm: str(a[2]), mut: str(a[3])}}
+			if res == "admitted" {
+				r.row = map[string]string{"status": str(a[4]), "v": str(a[5])}
+			}
+			return r, nil
+		}
+	}
 	if !ok || len(a) < 6 {
 		return reply{}, fmt.Errorf("the script answered %T, not its reply array", v)
 	}
-	str := func(x any) string { s, _ := x.(string); return s }
 	r := reply{result: str(a[0]), code: str(a[1]), detail: str(a[5])}
 	if n, _ := a[2].(int64); n == 1 {
 		r.changed = true

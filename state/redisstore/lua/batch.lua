@@ -95,9 +95,14 @@ step_ms = now
 local now_s = int(now)
 local common = status == 'ACTIVE' and view.o ~= nil
 
+-- A step on the common path is ok and changed, with no code or detail: it
+-- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
+-- for a guard (the row's status and version, as op_guard's answer has
+-- them) and {'recorded', key, i:KEY, s:KEY} for an outcome, where reply
+-- makes two or three tables, each of which Redis walks, with a look-up for
+-- every kind of answer a table may stand for, to answer.
 o = 2
 local j = 1
-local row
 while common and j <= n do
   if ARGV[o] == 'g' then
     local actor, observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -137,10 +142,7 @@ while common and j <= n do
       zadd[#zadd + 1] = '-' .. lease_s
       zadd[#zadd + 1] = key
       entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
-      -- An admitted guard answers the row's status and version, the same
-      -- for every guard of the batch.
-      row = row or {'status', status, 'v', ver}
-      out[j] = {'ok', '', 1, row, {key, imm, mut}, ''}
+      out[j] = {'admitted', key, imm, mut, status, ver}
     end
     o = o + 14
   else
@@ -164,7 +166,7 @@ while common and j <= n do
     zrem[#zrem + 1] = key
     entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
       esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
-    out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
+    out[j] = {'recorded', key, view['i:' .. key], mut}
     o = o + 8
   end
   j = j + 1
