@@ -218,8 +218,9 @@ func unavailable(err error) bool {
 	return false
 }
 
-// reply is what every per-run script answers (lua/prelude.lua, reply): one
-// RESP array, so that neither side encodes or parses JSON on the hot path.
+// reply is what every per-run script answers (lua/prelude.lua, reply; a
+// step on the batch's common path in a flat form, lua/batch.lua): one RESP
+// array, so that neither side encodes or parses JSON on the hot path.
 type reply struct {
 	// result is ok, refused, conflict, notfound or late.
 	result string

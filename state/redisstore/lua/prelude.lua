@@ -439,7 +439,8 @@ end
 -- 'notfound', 'late'), its code (the refusal or conflict, what was not
 -- found), changed (1/0), the row (a flat list of fields, as much of it as
 -- the step read; false when none), the intent ({key, i:KEY, s:KEY}; false
--- when none), and a detail.
+-- when none), and a detail. (A step on the batch's common path answers the
+-- same in one flat array: see batch.lua.)
 local function reply(result, code, run, intent, detail)
   local row = false
   if run then
