@@ -153,6 +153,14 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	if len(evA) != len(evB) {
 		t.Fatalf("%d events one by one, %d batched", len(evA), len(evB))
 	}
+	// The events of the batch's common steps (the first five with an
+	// event, up to the outcome for a record no longer in flight) are one
+	// entry of the audit stream; one by one, each is an entry of its own.
+	lenA := must2(s.rdb.XLen(ctx, keysOf("one-by-one").events).Result())(t)
+	lenB := must2(s.rdb.XLen(ctx, keysOf("batched").events).Result())(t)
+	if lenA-lenB != 4 {
+		t.Errorf("%d stream entries one by one, %d batched: want the five common steps' events in one entry", lenA, lenB)
+	}
 	for i := range evA {
 		a, b := evA[i], evB[i]
 		if a.Kind != b.Kind || a.From != b.From || a.To != b.To || a.Intent != b.Intent || a.Reason != b.Reason || a.Version != b.Version {

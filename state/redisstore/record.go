@@ -79,15 +79,22 @@ func unescape(s string) string {
 	return b.String()
 }
 
-// eventOf reads one entry of a run's audit stream: field e, "kind version
+// eventsOf reads one entry of a run's audit stream, its fields in order
+// (name, value, name, value, ...): a field e for each event, "kind version
 // from to intent" then, a line each, actor and reason (lua/prelude.lua,
-// event_line). Entries written before layout 2 have a field each, and
-// their time in 'at'.
-func eventOf(runID, id string, values map[string]any) state.Event {
-	str := func(k string) string { v, _ := values[k].(string); return v }
+// event_line). The events of one entry share its time. An entry written
+// before layout 2 is one event with a field each, and its time in 'at'.
+func eventsOf(runID, id string, fields []string) []state.Event {
 	ms, _, _ := strings.Cut(id, "-")
 	at, _ := strconv.ParseInt(ms, 10, 64)
-	if e, ok := values["e"].(string); ok {
+	var out []state.Event
+	old := map[string]string{}
+	for i := 0; i+1 < len(fields); i += 2 {
+		name, e := fields[i], fields[i+1]
+		if name != "e" {
+			old[name] = e
+			continue
+		}
 		lines := strings.SplitN(e, "\n", 3)
 		for len(lines) < 3 {
 			lines = append(lines, "")
@@ -97,15 +104,18 @@ func eventOf(runID, id string, values map[string]any) state.Event {
 			f = append(f, "")
 		}
 		v, _ := strconv.ParseInt(f[1], 10, 64)
-		return state.Event{At: msTime(at), RunID: runID, Kind: f[0], Version: v, From: f[2], To: f[3], Intent: f[4],
-			Actor: unescape(lines[1]), Reason: unescape(lines[2])}
+		out = append(out, state.Event{At: msTime(at), RunID: runID, Kind: f[0], Version: v, From: f[2], To: f[3], Intent: f[4],
+			Actor: unescape(lines[1]), Reason: unescape(lines[2])})
 	}
-	if old, err := strconv.ParseInt(str("at"), 10, 64); err == nil {
-		at = old
+	if out != nil {
+		return out
 	}
-	v, _ := strconv.ParseInt(str("v"), 10, 64)
-	return state.Event{At: msTime(at), RunID: runID, Actor: str("actor"), Kind: str("kind"), Reason: str("reason"),
-		From: str("from"), To: str("to"), Intent: str("intent"), Version: v}
+	if t, err := strconv.ParseInt(old["at"], 10, 64); err == nil {
+		at = t
+	}
+	v, _ := strconv.ParseInt(old["v"], 10, 64)
+	return []state.Event{{At: msTime(at), RunID: runID, Actor: old["actor"], Kind: old["kind"], Reason: old["reason"],
+		From: old["from"], To: old["to"], Intent: old["intent"], Version: v}}
 }
 
 // legacyRecord is an intent as layout 1 stored it: JSON.

@@ -223,8 +223,9 @@ func unavailable(err error) bool {
 	return false
 }
 
-// reply is what every per-run script answers (lua/prelude.lua, reply): one
-// RESP array, so that neither side encodes or parses JSON on the hot path.
+// reply is what every per-run script answers (lua/prelude.lua, reply; a
+// step on the batch's common path in a flat form, lua/batch.lua): one RESP
+// array, so that neither side encodes or parses JSON on the hot path.
 type reply struct {
 	// result is ok, refused, conflict, notfound or late.
 	result string
@@ -253,10 +254,23 @@ func (k *keyedRecord) intent(runID string) (state.Intent, error) {
 
 func parseReply(v any) (reply, error) {
 	a, ok := v.([]any)
+	str := func(x any) string { s, _ := x.(string); return s }
+	if ok && len(a) >= 4 {
+		// A step on the batch's common path (lua/batch.lua) answers one
+		// flat array: ok and changed, no code or detail, the record, and
+		// for an admitted guard the row's status and version.
+		switch res := str(a[0]); {
+		case res == "admitted" && len(a) == 6, res == "recorded" && len(a) == 4:
+			r := reply{result: "ok", changed: true, intent: &keyedRecord{key: str(a[1]), imm: str(a[2]), mut: str(a[3])}}
+			if res == "admitted" {
+				r.row = map[string]string{"status": str(a[4]), "v": str(a[5])}
+			}
+			return r, nil
+		}
+	}
 	if !ok || len(a) < 6 {
 		return reply{}, fmt.Errorf("the script answered %T, not its reply array", v)
 	}
-	str := func(x any) string { s, _ := x.(string); return s }
 	r := reply{result: str(a[0]), code: str(a[1]), detail: str(a[5])}
 	if n, _ := a[2].(int64); n == 1 {
 		r.changed = true
@@ -850,10 +864,12 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	defer cancel()
 	k := keysOf(runID)
 	var exists *redis.IntCmd
-	var msgs *redis.XMessageSliceCmd
+	var entries *redis.Cmd
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		exists = p.Exists(ctx, k.row)
-		msgs = p.XRange(ctx, k.events, "-", "+")
+		// Read raw, not with XRange: an entry holds a field e per event,
+		// and a map of its fields would keep one.
+		entries = p.Do(ctx, "XRANGE", k.events, "-", "+")
 		return nil
 	})
 	if err != nil {
@@ -862,9 +878,20 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	if exists.Val() == 0 {
 		return nil, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
 	}
-	out := make([]state.Event, 0, len(msgs.Val()))
-	for _, m := range msgs.Val() {
-		out = append(out, eventOf(runID, m.ID, m.Values))
+	list, _ := entries.Val().([]any)
+	out := make([]state.Event, 0, len(list))
+	for _, x := range list {
+		entry, ok := x.([]any)
+		if !ok || len(entry) != 2 {
+			return nil, fmt.Errorf("redis events run %s: an entry of the audit stream is %T, not [id fields]", runID, x)
+		}
+		id, _ := entry[0].(string)
+		raw, _ := entry[1].([]any)
+		fields := make([]string, len(raw))
+		for i, f := range raw {
+			fields[i], _ = f.(string)
+		}
+		out = append(out, eventsOf(runID, id, fields)...)
 	}
 	return out, nil
 }

@@ -9,12 +9,12 @@
 -- The common case is written out once more, for the whole batch: the row
 -- and every record the steps name are read in one HMGET; each step on the
 -- common path (a new effect admitted on an ACTIVE run, the same request
--- again included, or its outcome) is
--- decided against that view, which takes its changes, and appends its
--- event; their writes go out together at the end, one HSET, one ZADD, one
--- ZREM. The first step off the common path ends that: what is staged is
--- written, and it and every step after it run one by one (op_guard,
--- op_finish), each reading afresh.
+-- again included, or its outcome) is decided against that view, which
+-- takes its changes, and adds its event; their writes go out together at
+-- the end, one HSET, one ZADD, one ZREM, and their events as one entry of
+-- the audit stream (one XADD). The first step off the common path ends
+-- that: what is staged is written, and it and every step after it run one
+-- by one (op_guard, op_finish), each reading afresh.
 local n = tonumber(ARGV[1])
 local at = server_ms()
 local out = {}
@@ -40,13 +40,31 @@ for i, f in ipairs(fields) do
 end
 
 local status, ver = view.status, view.v
+-- A batch's steps mostly repeat their texts (actor, lease owner, method,
+-- target): each is escaped once a call, since esc costs two calls out of
+-- Lua and a table look-up costs none. A lone step has nothing to repeat,
+-- and the table would cost it more than it saves.
+local esc_once = esc
+if n > 1 then
+  local escaped = {}
+  esc_once = function(s)
+    local e = escaped[s]
+    if not e then
+      e = esc(s)
+      escaped[s] = e
+    end
+    return e
+  end
+end
 -- The staged writes.
 local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
--- The row's own fields the common steps moved, written once at the end.
-local dirty = {}
+-- The common steps' events, one entry of the audit stream.
+local entry
+-- The row's own fields the common steps moved (its counts, its ordinal),
+-- kept as numbers and written once at the end.
+local moved = {}
 local function bump(f, by)
-  view[f] = int((tonumber(view[f]) or 0) + by)
-  dirty[f] = true
+  moved[f] = (moved[f] or tonumber(view[f]) or 0) + by
 end
 local function put(f, v)
   view[f] = v
@@ -63,6 +81,9 @@ local function flush()
   if #zrem > 2 then
     call(unpack(zrem))
   end
+  if entry then
+    append_entry(entry)
+  end
 end
 
 local now = at
@@ -74,6 +95,12 @@ step_ms = now
 local now_s = int(now)
 local common = status == 'ACTIVE' and view.o ~= nil
 
+-- A step on the common path is ok and changed, with no code or detail: it
+-- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
+-- for a guard (the row's status and version, as op_guard's answer has
+-- them) and {'recorded', key, i:KEY, s:KEY} for an outcome, where reply
+-- makes two or three tables, each of which Redis walks, with a look-up for
+-- every kind of answer a table may stand for, to answer.
 o = 2
 local j = 1
 while common and j <= n do
@@ -102,20 +129,20 @@ while common and j <= n do
           key = base .. '.' .. k
         until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
       end
-      local ord = int(tonumber(view.o) + 1)
+      local ord_n = (moved.o or tonumber(view.o)) + 1
+      moved.o = ord_n
+      local ord = int(ord_n)
       local lease_s = int(now + tonumber(ARGV[o + 11]))
-      local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc(ARGV[o + 6]) ..
-        '\n' .. esc(ARGV[o + 7]) .. '\n' .. esc(ARGV[o + 8])
-      local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc(ARGV[o + 10]) .. '\n\n\n'
+      local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 6]) ..
+        '\n' .. esc_once(ARGV[o + 7]) .. '\n' .. esc_once(ARGV[o + 8])
+      local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(ARGV[o + 10]) .. '\n\n\n'
       put('i:' .. key, imm)
       put('s:' .. key, mut)
-      view.o = ord
-      dirty.o = true
       bump('n:IN_FLIGHT', 1)
       zadd[#zadd + 1] = '-' .. lease_s
       zadd[#zadd + 1] = key
-      append_event('intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc(actor) .. '\n')
-      out[j] = {'ok', '', 1, {'status', status, 'v', ver}, {key, imm, mut}, ''}
+      entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
+      out[j] = {'admitted', key, imm, mut, status, ver}
     end
     o = o + 14
   else
@@ -132,23 +159,23 @@ while common and j <= n do
     end
     local reason, source = ARGV[o + 6], ARGV[o + 7]
     mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
-      esc(reason) .. '\n' .. esc(source) .. '\n'
+      esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
     put(sk, mut)
     bump('n:IN_FLIGHT', -1)
     bump('n:' .. outcome, 1)
     zrem[#zrem + 1] = key
-    append_event('intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-      esc(actor) .. '\n' .. esc(why_of(source, reason)))
-    out[j] = {'ok', '', 1, false, {key, view['i:' .. key], mut}, ''}
+    entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+      esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
+    out[j] = {'recorded', key, view['i:' .. key], mut}
     o = o + 8
   end
   j = j + 1
 end
 if j > 1 then
   -- The row's fields the common steps moved, with the intents'.
-  for f in pairs(dirty) do
+  for f, v in pairs(moved) do
     hset[#hset + 1] = f
-    hset[#hset + 1] = view[f]
+    hset[#hset + 1] = int(v)
   end
   hset[#hset + 1] = 't'
   hset[#hset + 1] = now_s

@@ -262,35 +262,51 @@ local function n_of(run, st)
   return tonumber(run['n:' .. st]) or 0
 end
 
--- Appends one line to the run's audit log: one stream entry with one field
--- e, "kind version from to intent" (the version is the row's after the
--- step; from, to and intent may be empty) then, a line each, actor and
--- reason, escaped as texts of a record are. The stream id is the event's
--- time (Redis keeps ids increasing).
+-- An event is one line of the run's audit log: "kind version from to
+-- intent" (the version is the row's after the step; from, to and intent may
+-- be empty) then, a line each, actor and reason, escaped as texts of a
+-- record are.
 local function event_line(v, actor, kind, reason, from, to, intent)
   return kind .. ' ' .. v .. ' ' .. (from or '') .. ' ' .. (to or '') .. ' ' .. (intent or '') .. '\n' ..
     esc(actor) .. '\n' .. esc(reason or '')
 end
 
--- append_event adds line to the audit stream under the step's time (id
--- "ms-*"), not the time XADD runs at: a server stopped halfway through a
--- step (SIGSTOP) must not date the step's events at its resume, after the
--- fence was checked. Ids still increase, since a step's time never goes
--- back; a stream whose last entry is later (written by an older layout,
--- with the server's time) or a Redis without "ms-*" ids takes the
--- server's time instead.
-local function append_event(line)
+-- An entry of the audit stream is made as the arguments of its XADD:
+-- add_event starts one (entry nil) or adds a line to it, a field e for
+-- each, in order (Redis keeps an entry's fields in order, repeated names
+-- included), and append_entry writes it. The events of an entry share one
+-- time: the general rules write an entry per event; a batch writes the
+-- events of all its common steps as one entry, one XADD and one entry's
+-- overhead in memory for them all.
+local function add_event(entry, line)
+  if not entry then
+    return {'XADD', K_EVENTS, '*', 'e', line}
+  end
+  entry[#entry + 1] = 'e'
+  entry[#entry + 1] = line
+  return entry
+end
+
+-- The entry's id is the step's time (id "ms-*"), not the time XADD runs
+-- at: a server stopped halfway through a step (SIGSTOP) must not date the
+-- step's events at its resume, after the fence was checked. Ids still
+-- increase, since a step's time never goes back; a stream whose last entry
+-- is later (written by an older layout, with the server's time) or a Redis
+-- without "ms-*" ids takes the server's time instead.
+local function append_entry(entry)
   if step_ms then
-    local id = redis.pcall('XADD', K_EVENTS, int(step_ms) .. '-*', 'e', line)
+    entry[3] = int(step_ms) .. '-*'
+    local id = redis.pcall(unpack(entry))
     if type(id) ~= 'table' or not id.err then
       return
     end
+    entry[3] = '*'
   end
-  call('XADD', K_EVENTS, '*', 'e', line)
+  call(unpack(entry))
 end
 
 local function event(run, actor, kind, reason, from, to, intent)
-  append_event(event_line(run.v, actor, kind, reason, from, to, intent))
+  append_entry(add_event(nil, event_line(run.v, actor, kind, reason, from, to, intent)))
   changed = true
 end
 
@@ -423,7 +439,8 @@ end
 -- 'notfound', 'late'), its code (the refusal or conflict, what was not
 -- found), changed (1/0), the row (a flat list of fields, as much of it as
 -- the step read; false when none), the intent ({key, i:KEY, s:KEY}; false
--- when none), and a detail.
+-- when none), and a detail. (A step on the batch's common path answers the
+-- same in one flat array: see batch.lua.)
 local function reply(result, code, run, intent, detail)
   local row = false
   if run then
