@@ -52,16 +52,16 @@ func TestOneDecisionOneLineAndItsCounters(t *testing.T) {
 	}
 }
 
-// TestAnEffectIsOneInfoLineItsAdmissionADebugLine: at info, an admitted
-// effect logs once, when it ends; its admission is a debug line. Both
-// count.
-func TestAnEffectIsOneInfoLineItsAdmissionADebugLine(t *testing.T) {
+// TestAnEffectsOrdinaryPathIsDebugItsCutInfo: at info, an effect admitted
+// and finished as asked writes no line, one that is cut does; at debug
+// every decision has its line. All of them count.
+func TestAnEffectsOrdinaryPathIsDebugItsCutInfo(t *testing.T) {
 	for _, tc := range []struct {
 		level slog.Level
 		lines []string
 	}{
-		{slog.LevelInfo, []string{"finished"}},
-		{slog.LevelDebug, []string{"admitted", "finished"}},
+		{slog.LevelInfo, []string{"cut"}},
+		{slog.LevelDebug, []string{"admitted", "finished", "cut"}},
 	} {
 		t.Run(tc.level.String(), func(t *testing.T) {
 			var buf bytes.Buffer
@@ -72,6 +72,8 @@ func TestAnEffectIsOneInfoLineItsAdmissionADebugLine(t *testing.T) {
 			d.Result, d.Recorded = telemetry.Admitted, state.IntentInFlight
 			tel.Decided(context.Background(), d)
 			d.Result, d.Recorded, d.StatusCode = telemetry.Finished, state.IntentResponded, 200
+			tel.Decided(context.Background(), d)
+			d.Result, d.Reason = telemetry.Cut, "run_cancelled"
 			tel.Decided(context.Background(), d)
 			var got []string
 			for _, raw := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
@@ -87,8 +89,8 @@ func TestAnEffectIsOneInfoLineItsAdmissionADebugLine(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(tc.lines) {
 				t.Errorf("lines %v, want %v", got, tc.lines)
 			}
-			if n := series(t, reg, "stopgate_decisions_total"); n != 2 {
-				t.Errorf("%d series of decisions, want one for the admission and one for the end", n)
+			if n := series(t, reg, "stopgate_decisions_total"); n != 3 {
+				t.Errorf("%d series of decisions, want one for each result", n)
 			}
 		})
 	}
