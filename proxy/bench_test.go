@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,6 +60,50 @@ func BenchmarkPOST(b *testing.B) {
 					b.Fatalf("status %d", resp.StatusCode)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkGET64 is the bench's busiest case in one process: 64 keep-alive
+// connections of small GETs through stopgate on each store. It is there to
+// be profiled (-cpuprofile; the client and the upstream share the profile,
+// so focus on the proxy: -focus 'proxy\.'), not to be compared: make bench
+// measures the proxies as processes of their own.
+func BenchmarkGET64(b *testing.B) {
+	up := newUpstream(b, false, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	for _, tc := range []struct {
+		name  string
+		store func(b *testing.B) envOptions
+	}{
+		{"stopgate-embedded", func(*testing.B) envOptions { return envOptions{} }},
+		{"stopgate-redis", func(b *testing.B) envOptions {
+			srv := redisserver.Start(b, redisserver.Options{})
+			return envOptions{store: newRedisStore(b, srv, 2*time.Second)}
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := newEnv(b, tc.store(b))
+			e.admit("bench")
+			c := e.client("bench", 1)
+			c.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
+			var n atomic.Int64
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := c.Get(fmt.Sprintf("%s/read?i=%d", up.URL, n.Add(1)))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			})
 		})
 	}
 }
