@@ -31,9 +31,8 @@ func decodeIntent(runID, key, imm, mut string) (state.Intent, int64, error) {
 	bad := func(what string) (state.Intent, int64, error) {
 		return state.Intent{}, 0, fmt.Errorf("intent %s of run %s: %s", key, runID, what)
 	}
-	il := strings.Split(imm, "\n")
-	f := strings.Split(il[0], " ")
-	if len(il) != 4 || len(f) != 4 {
+	var il, f [4]string
+	if !cut(imm, '\n', il[:]) || !cut(il[0], ' ', f[:]) {
 		return bad("field i: is not \"boundary created ord observed\" and three lines")
 	}
 	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
@@ -41,9 +40,9 @@ func decodeIntent(runID, key, imm, mut string) (state.Intent, int64, error) {
 		ObservedVersion: num(f[3]), Method: unescape(il[1]), Target: unescape(il[2]), BodyDigest: unescape(il[3])}
 	ord := num(f[2])
 
-	ml := strings.Split(mut, "\n")
-	g := strings.Split(ml[0], " ")
-	if len(ml) != 5 || len(g) != 7 {
+	var ml [5]string
+	var g [7]string
+	if !cut(mut, '\n', ml[:]) || !cut(ml[0], ' ', g[:]) {
 		return bad("field s: is not \"state attempts refusals code lease updated not_before\" and four lines")
 	}
 	in.State = state.IntentState(g[0])
@@ -57,6 +56,22 @@ func decodeIntent(runID, key, imm, mut string) (state.Intent, int64, error) {
 	}
 	in.LeaseOwner, in.Reason, in.Source, in.Note = unescape(ml[1]), unescape(ml[2]), unescape(ml[3]), unescape(ml[4])
 	return in, ord, nil
+}
+
+// cut splits s at each sep into parts, and reports whether it had exactly
+// len(parts) of them. Unlike strings.Split it allocates nothing: a record
+// is decoded for every guard and outcome.
+func cut(s string, sep byte, parts []string) bool {
+	last := len(parts) - 1
+	for i := range last {
+		j := strings.IndexByte(s, sep)
+		if j < 0 {
+			return false
+		}
+		parts[i], s = s[:j], s[j+1:]
+	}
+	parts[last] = s
+	return strings.IndexByte(s, sep) < 0
 }
 
 // unescape undoes the scripts' escaping of a text: \n is a newline, \\ a
