@@ -1,9 +1,10 @@
 // Package telemetry is stopgate's own account of what it decided: one
 // canonical log line for every decision at a boundary (admitted, refused,
 // cut, finished), and the Prometheus metrics an operator watches. At info
-// the log holds what was stopped or went wrong (refused, cut, and any
-// failure, as a warning); an effect admitted and finished as asked is a
-// debug line: the run's audit log and the counters already have it. Every
+// the log holds what was stopped or went wrong (refused, cut, an effect
+// that ended unanswered, and any failure, as a warning); an effect admitted
+// and answered is a debug line: the run's audit log and the counters
+// already have it. Every
 // edge reports a decision through Decided, so the log line and the counters
 // never disagree and a field added here appears everywhere.
 //
@@ -116,10 +117,12 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 		m.cuts.WithLabelValues(string(d.Boundary), cutCause(d.Reason)).Inc()
 	}
 	level := slog.LevelInfo
-	if d.Result == Admitted || d.Result == Finished {
-		// The ordinary path of an effect is in the run's audit log and
-		// the counters; a line for each at info was a tenth of the
-		// proxy's CPU per request and told an operator nothing to act on.
+	if d.Result == Admitted || d.Result == Finished && d.Recorded == state.IntentResponded {
+		// The ordinary path of an effect (admitted, answered) is in the
+		// run's audit log and the counters; a line for each at info was a
+		// tenth of the proxy's CPU per request and told an operator
+		// nothing to act on. An effect that ended otherwise (not sent,
+		// UNKNOWN) keeps its line.
 		level = slog.LevelDebug
 	}
 	if d.Detail != "" || d.Reason == string(refusal.StoreUnavailable) || d.Reason == string(refusal.Internal) {

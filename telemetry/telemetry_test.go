@@ -52,16 +52,16 @@ func TestOneDecisionOneLineAndItsCounters(t *testing.T) {
 	}
 }
 
-// TestAnEffectsOrdinaryPathIsDebugItsCutInfo: at info, an effect admitted
-// and finished as asked writes no line, one that is cut does; at debug
-// every decision has its line. All of them count.
-func TestAnEffectsOrdinaryPathIsDebugItsCutInfo(t *testing.T) {
+// TestAnEffectsOrdinaryPathIsDebugTheRestInfo: at info, an effect admitted
+// and answered writes no line; one that ended unanswered (UNKNOWN) or was
+// cut does. At debug every decision has its line. All of them count.
+func TestAnEffectsOrdinaryPathIsDebugTheRestInfo(t *testing.T) {
 	for _, tc := range []struct {
 		level slog.Level
 		lines []string
 	}{
-		{slog.LevelInfo, []string{"cut"}},
-		{slog.LevelDebug, []string{"admitted", "finished", "cut"}},
+		{slog.LevelInfo, []string{"finished:UNKNOWN", "cut:RESPONDED"}},
+		{slog.LevelDebug, []string{"admitted:IN_FLIGHT", "finished:RESPONDED", "finished:UNKNOWN", "cut:RESPONDED"}},
 	} {
 		t.Run(tc.level.String(), func(t *testing.T) {
 			var buf bytes.Buffer
@@ -73,7 +73,9 @@ func TestAnEffectsOrdinaryPathIsDebugItsCutInfo(t *testing.T) {
 			tel.Decided(context.Background(), d)
 			d.Result, d.Recorded, d.StatusCode = telemetry.Finished, state.IntentResponded, 200
 			tel.Decided(context.Background(), d)
-			d.Result, d.Reason = telemetry.Cut, "run_cancelled"
+			d.Result, d.Recorded, d.StatusCode = telemetry.Finished, state.IntentUnknown, 0
+			tel.Decided(context.Background(), d)
+			d.Result, d.Recorded, d.Reason = telemetry.Cut, state.IntentResponded, "run_cancelled"
 			tel.Decided(context.Background(), d)
 			var got []string
 			for _, raw := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
@@ -81,7 +83,7 @@ func TestAnEffectsOrdinaryPathIsDebugItsCutInfo(t *testing.T) {
 				if err := json.Unmarshal(raw, &line); err != nil {
 					t.Fatalf("not a JSON line: %v: %s", err, raw)
 				}
-				got = append(got, line["decision"].(string))
+				got = append(got, fmt.Sprintf("%s:%s", line["decision"], line["recorded"]))
 				if line["host"] != "api.example:443" || line["run"] != "r1" {
 					t.Errorf("line lacks the effect's run or host: %s", raw)
 				}
