@@ -366,6 +366,9 @@ func TestBrowserMetricsMove(t *testing.T) {
 	}
 	ws := e.launch(t, "metered")
 	c := dialCDP(t, ws)
+	// The guard counts a CDP connection once it has reached the browser,
+	// after the client's handshake has returned.
+	testkit.Eventually(t, 10*time.Second, "the CDP connection counted open", func() bool { return gauge("cdp") == 1 })
 	if gauge("browsers") != 1 || gauge("cdp") != 1 {
 		t.Fatalf("open browsers %v, cdp %v; want 1 and 1", gauge("browsers"), gauge("cdp"))
 	}
