@@ -274,10 +274,11 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	if err != nil {
 		return refusal.FromError(err)
 	}
+	host := hostOf(req)
 	ex.flow = &flow{
-		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: hostOf(req),
+		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: host,
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
-		effects: p.effectsOf(hostOf(req)),
+		effects: p.effectsOf(host),
 	}
 	if ex.body != nil {
 		ex.flow.bytes = ex.body.size
