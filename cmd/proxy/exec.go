@@ -73,8 +73,7 @@ type execOpts struct {
 	version int64
 	isolate bool
 	uid     int64
-	control string
-	token   string
+	controlFlags
 }
 
 func (c *cli) execFlags() (*flag.FlagSet, *execOpts) {
@@ -86,8 +85,7 @@ func (c *cli) execFlags() (*flag.FlagSet, *execOpts) {
 	fs.Int64Var(&o.version, "version", 0, "the cancel_version CMD observes (default: the run's now)")
 	fs.BoolVar(&o.isolate, "isolate", false, "run CMD as --uid with the kernel redirect, so that every TCP connection it opens is guarded (root)")
 	fs.Int64Var(&o.uid, "uid", DefaultIsolateUID, "with --isolate: the user CMD runs as; nothing else may run as it")
-	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
+	o.controlFlags.define(fs, "")
 	return fs, o
 }
 
@@ -120,7 +118,7 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("CMD %s: %w", argv[0], err)
 	}
-	cl, err := c.execClient(o)
+	cl, err := c.controlClient("exec", o.controlFlags)
 	if err != nil {
 		return err
 	}
@@ -150,18 +148,6 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return c.runForwarding(cmd)
 	}
 	return c.runIsolated(ctx, cl, o, ep.Value, version, cmd)
-}
-
-func (c *cli) execClient(o *execOpts) (*client.Client, error) {
-	args := []string{}
-	if o.control != "" {
-		args = append(args, "--control", o.control)
-	}
-	if o.token != "" {
-		args = append(args, "--token", o.token)
-	}
-	cl, _, _, err := c.parseVerb("exec", args)
-	return cl, err
 }
 
 // observedVersion is the version CMD's effects are checked against: --version,

@@ -13,10 +13,9 @@ import (
 
 // redirectOpts are the flags of stopgate redirect.
 type redirectOpts struct {
-	uid     int64
-	port    int
-	control string
-	token   string
+	uid  int64
+	port int
+	controlFlags
 }
 
 func (c *cli) redirectFlags() (*flag.FlagSet, *redirectOpts) {
@@ -26,8 +25,7 @@ func (c *cli) redirectFlags() (*flag.FlagSet, *redirectOpts) {
 	o := &redirectOpts{}
 	fs.Int64Var(&o.uid, "uid", -1, "the user whose TCP connections are redirected (required)")
 	fs.IntVar(&o.port, "port", 0, "install: the transparent listener's port (default: asked of --control, GET /v1/endpoints)")
-	fs.StringVar(&o.control, "control", "", "control API URL, to learn the port (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&o.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
+	o.controlFlags.define(fs, ", to learn the port")
 	return fs, o
 }
 
@@ -75,14 +73,7 @@ func (c *cli) redirectVerb(ctx context.Context, args []string) error {
 
 // transparentPort asks the control API where the transparent listener is.
 func (c *cli) transparentPort(ctx context.Context, o *redirectOpts) (int, error) {
-	args := []string{}
-	if o.control != "" {
-		args = append(args, "--control", o.control)
-	}
-	if o.token != "" {
-		args = append(args, "--token", o.token)
-	}
-	cl, _, _, err := c.parseVerb("redirect", args)
+	cl, err := c.controlClient("redirect", o.controlFlags)
 	if err != nil {
 		return 0, err
 	}

@@ -124,6 +124,33 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 	return fs, o
 }
 
+// controlFlags are the flags of a verb that is not a client verb itself
+// (exec, redirect) but asks the control API something: the client verbs'
+// --control and --token, handed to them to find the API and its token the
+// same way.
+type controlFlags struct {
+	control, token string
+}
+
+func (f *controlFlags) define(fs *flag.FlagSet, why string) {
+	fs.StringVar(&f.control, "control", "", "control API URL"+why+" (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
+	fs.StringVar(&f.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
+}
+
+// controlClient is the control API's client as the client verbs would build it
+// from these flags.
+func (c *cli) controlClient(verb string, f controlFlags) (*client.Client, error) {
+	args := []string{}
+	if f.control != "" {
+		args = append(args, "--control", f.control)
+	}
+	if f.token != "" {
+		args = append(args, "--token", f.token)
+	}
+	cl, _, _, err := c.parseVerb(verb, args)
+	return cl, err
+}
+
 // parseVerb parses a client verb's command line, checks it has exactly the
 // positional arguments named (RUN for most verbs), and returns a client.
 func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Client, *verbOpts, []string, error) {
