@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -10,30 +11,40 @@ import (
 // short step of the server.
 const maxBatch = 64
 
-// batcher joins the guards and outcomes that callers of one run make at the
-// same time into one call of the batch program (lua/batch.lua): the call's
-// round trip and its own cost are shared, while each step is still its own
-// atomic check-and-record with its own answer, and all of one call run in
-// one atomic step of the server. A batch holds steps of one run only, so
-// it touches one slot and runs on Redis Cluster as any per-run program.
+// batcher joins the guards and outcomes that callers make at the same time
+// into one call of the batch program (lua/batch.lua): the call's round trip
+// and its own cost are shared, while each step is still its own atomic
+// check-and-record with its own answer, and all of one call run in one
+// atomic step of the server.
+//
+// Steps queue by lane. On one Redis (or a Sentinel's primary) there is one
+// lane: a call carries the steps of every run queued meanwhile, grouped by
+// run, so that a fleet's agents, one run each, share calls as the
+// connections of one run do. On Redis Cluster a lane is a run: a call
+// touches one run's keys, one slot, as every per-run program does.
 //
 // Leader takes what is queued, no timer: a step that finds no call in
-// flight for its run is sent at once, alone; steps that arrive while a call
-// is in flight wait for it and go together in the next one. A lone request
-// never waits for a batch to fill.
+// flight for its lane is sent at once, alone; steps that arrive while a
+// call is in flight wait for it and go together in the next one. A lone
+// request never waits for a batch to fill.
 type batcher struct {
+	// perRun makes every run a lane of its own (Redis Cluster).
+	perRun bool
+
 	mu     sync.Mutex
-	queues map[string]*runQueue
+	queues map[string]*laneQueue
 }
 
-// runQueue is one run's steps waiting for the call in flight.
-type runQueue struct {
+// laneQueue is one lane's steps waiting for the call in flight.
+type laneQueue struct {
 	busy    bool
 	waiting []*step
 }
 
-// step is one guard ('g') or outcome ('f') and, once done, its answer.
+// step is one guard ('g') or outcome ('f') of a run and, once done, its
+// answer.
 type step struct {
+	run  string
 	op   string
 	code string
 	args []any
@@ -43,20 +54,24 @@ type step struct {
 	err  error
 }
 
-// do runs one step of runID through the run's queue and waits for its
+// do runs one step of runID through its lane's queue and waits for its
 // answer, or for ctx to end. A caller that stops waiting does not withdraw
 // a step already sent: a guard's fence (NotAfter) is what keeps a guard
 // whose caller gave up from taking effect.
 func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte, args []any) (reply, error) {
-	st := &step{op: op, code: string(code), args: args, ctx: ctx, done: make(chan struct{})}
+	st := &step{run: runID, op: op, code: string(code), args: args, ctx: ctx, done: make(chan struct{})}
+	lane := ""
+	if b.perRun {
+		lane = runID
+	}
 	b.mu.Lock()
 	if b.queues == nil {
-		b.queues = map[string]*runQueue{}
+		b.queues = map[string]*laneQueue{}
 	}
-	q := b.queues[runID]
+	q := b.queues[lane]
 	if q == nil {
-		q = &runQueue{}
-		b.queues[runID] = q
+		q = &laneQueue{}
+		b.queues[lane] = q
 	}
 	q.waiting = append(q.waiting, st)
 	var batch []*step
@@ -69,9 +84,9 @@ func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte,
 		// This caller leads: it sends what is queued now (itself at
 		// least), and hands whatever queued meanwhile to a goroutine, so
 		// that it waits for its own call only.
-		b.send(s, runID, batch)
-		if next := b.next(runID, q); next != nil {
-			go b.flush(s, runID, q, next)
+		b.send(s, batch)
+		if next := b.next(lane, q); next != nil {
+			go b.flush(s, lane, q, next)
 		}
 	}
 	select {
@@ -83,7 +98,7 @@ func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte,
 }
 
 // take removes up to maxBatch steps from the queue. The batcher's lock is held.
-func (q *runQueue) take() []*step {
+func (q *laneQueue) take() []*step {
 	n := min(len(q.waiting), maxBatch)
 	batch := q.waiting[:n:n]
 	q.waiting = q.waiting[n:]
@@ -93,38 +108,41 @@ func (q *runQueue) take() []*step {
 	return batch
 }
 
-// next takes the steps queued meanwhile, or ends the run's turn.
-func (b *batcher) next(runID string, q *runQueue) []*step {
+// next takes the steps queued meanwhile, or ends the lane's turn.
+func (b *batcher) next(lane string, q *laneQueue) []*step {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(q.waiting) == 0 {
 		q.busy = false
-		delete(b.queues, runID)
+		delete(b.queues, lane)
 		return nil
 	}
 	return q.take()
 }
 
-// flush sends batches of the run's queue until it is empty.
-func (b *batcher) flush(s *Store, runID string, q *runQueue, batch []*step) {
+// flush sends batches of the lane's queue until it is empty.
+func (b *batcher) flush(s *Store, lane string, q *laneQueue, batch []*step) {
 	for batch != nil {
-		b.send(s, runID, batch)
-		batch = b.next(runID, q)
+		b.send(s, batch)
+		batch = b.next(lane, q)
 	}
 }
 
 // send makes one call for the batch and hands each step its answer. Steps
 // whose callers already gave up are left out. The call's deadline is the
 // latest of its callers', and never more than OpTimeout away.
-func (b *batcher) send(s *Store, runID string, batch []*step) {
+//
+// The call holds the batch's steps grouped by run, each run's in the order
+// they queued, and a group's keys are the run's keys: the program sets the
+// run's keys before its steps, and answers every step in the order sent.
+func (b *batcher) send(s *Store, batch []*step) {
 	now := time.Now()
 	deadline := now.Add(s.opTimeout)
 	latest := time.Time{}
-	args := make([]any, 1, 1+len(batch)*16)
 	var sent []*step
 	for _, st := range batch {
 		if err := st.ctx.Err(); err != nil {
-			st.err = s.fail(st.op, runID, err)
+			st.err = s.fail(st.op, st.run, err)
 			close(st.done)
 			continue
 		}
@@ -133,17 +151,28 @@ func (b *batcher) send(s *Store, runID string, batch []*step) {
 		} else {
 			latest = deadline
 		}
-		args = append(args, st.code)
-		args = append(args, st.args...)
 		sent = append(sent, st)
 	}
 	if len(sent) == 0 {
 		return
 	}
-	args[0] = len(sent)
+	sent = byRun(sent)
+	var keys []string
+	args := make([]any, 1, 2+len(sent)*16)
+	groups := 0
+	for i, st := range sent {
+		if i == 0 || st.run != sent[i-1].run {
+			groups++
+			keys = append(keys, keysOf(st.run).list()...)
+			args = append(args, runLength(sent[i:]))
+		}
+		args = append(args, st.code)
+		args = append(args, st.args...)
+	}
+	args[0] = groups
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
 	defer cancel()
-	v, err := s.exec(ctx, batchProgram, keysOf(runID).list(), args...).Result()
+	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	var answers []any
 	if err == nil {
 		var ok bool
@@ -153,13 +182,70 @@ func (b *batcher) send(s *Store, runID string, batch []*step) {
 	}
 	for i, st := range sent {
 		if err != nil {
-			st.err = s.fail(st.op, runID, err)
-		} else if st.rep, st.err = parseReply(answers[i]); st.err == nil && st.rep.row != nil {
-			s.known.add(runID)
+			st.err = s.fail(st.op, st.run, err)
+		} else if st.rep, st.err = parseReply(answers[i]); errors.As(st.err, new(groupError)) {
+			st.err = s.fail(st.op, st.run, st.err)
+		} else if st.err == nil && st.rep.row != nil {
+			s.known.add(st.run)
 		}
 		close(st.done)
 	}
 }
+
+// byRun orders steps by run, the runs in the order of their first step and
+// each run's steps in the order they came: a run's steps keep their order,
+// and each run is one group of the call.
+func byRun(steps []*step) []*step {
+	grouped := true
+	for i := 2; i < len(steps) && grouped; i++ {
+		grouped = steps[i].run == steps[i-1].run || !seenBefore(steps[:i-1], steps[i].run)
+	}
+	if grouped {
+		return steps
+	}
+	out := make([]*step, 0, len(steps))
+	taken := make([]bool, len(steps))
+	for i, st := range steps {
+		if taken[i] {
+			continue
+		}
+		for j := i; j < len(steps); j++ {
+			if !taken[j] && steps[j].run == st.run {
+				taken[j] = true
+				out = append(out, steps[j])
+			}
+		}
+	}
+	return out
+}
+
+func seenBefore(steps []*step, run string) bool {
+	for _, st := range steps {
+		if st.run == run {
+			return true
+		}
+	}
+	return false
+}
+
+// runLength is how many steps at the head of steps belong to its first's run.
+func runLength(steps []*step) int {
+	n := 1
+	for n < len(steps) && steps[n].run == steps[0].run {
+		n++
+	}
+	return n
+}
+
+// groupError is the error a call met on the steps of one of its runs, and
+// only on those (lua/batch.lua runs each run's steps under pcall): it reads
+// as the same error from the server would have for a call of that run alone.
+type groupError string
+
+func (e groupError) Error() string { return string(e) }
+
+// RedisError marks it a reply of the server, as go-redis's own errors are.
+func (groupError) RedisError() {}
 
 type batchReplyError struct{}
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -25,10 +27,12 @@ end
 return {op_finish(2)}
 `)
 
-// A batch is one call for any number of steps of a run, with the common
-// path written out. It must give every step the answer, and leave the
-// record, that the general rules give the same steps one by one: this test
-// sends one sequence both ways, on two runs, and compares.
+// A batch is one call for any number of steps of any number of runs, with
+// the common path written out. It must give every step the answer, and
+// leave the record, that the general rules give the same steps one by one:
+// this test sends one sequence one by one on a run, and in one call on two
+// other runs (the call holds the sequence twice, a group per run), and
+// compares each with the first.
 func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	addr := testServer(t)
 	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -44,7 +48,8 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 			Method: "POST", Target: "https://api.example/x", BodyDigest: "d", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p",
 			NotAfter: time.Now().Add(time.Minute)}
 	}
-	for _, run := range []string{"one-by-one", "batched"} {
+	batched := []string{"batched", "batched-too"}
+	for _, run := range append([]string{"one-by-one"}, batched...) {
 		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
 			t.Fatal(err)
 		}
@@ -113,58 +118,219 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 		}
 		one = append(one, answer("one-by-one", r, st))
 	}
-	args := []any{len(steps)}
-	for _, st := range steps {
-		args = append(args, string(st.code))
-		args = append(args, argsOf("batched", st)...)
+	args := []any{len(batched)}
+	var keys []string
+	for _, run := range batched {
+		keys = append(keys, keysOf(run).list()...)
+		args = append(args, len(steps))
+		for _, st := range steps {
+			args = append(args, string(st.code))
+			args = append(args, argsOf(run, st)...)
+		}
 	}
-	v, err := s.exec(ctx, batchProgram, keysOf("batched").list(), args...).Result()
+	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := len(v.([]any)); n != len(batched)*len(steps) {
+		t.Fatalf("%d answers for %d steps", n, len(batched)*len(steps))
 	}
 	for i, x := range v.([]any) {
 		r, err := parseReply(x)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := answer("batched", r, steps[i]); got != one[i] {
-			t.Errorf("step %d: batched %q, one by one %q", i, got, one[i])
+		run, j := batched[i/len(steps)], i%len(steps)
+		if got := answer(run, r, steps[j]); got != one[j] {
+			t.Errorf("step %d of %s: batched %q, one by one %q", j, run, got, one[j])
 		}
 	}
+	for _, run := range batched {
+		sameRecords(ctx, t, s, "one-by-one", run)
+	}
+}
 
-	rowA := must2(s.Get(ctx, "one-by-one"))(t)
-	rowB := must2(s.Get(ctx, "batched"))(t)
+// sameRecords checks that runs a and b hold the same row, intents and
+// events, and that b's common steps wrote their events as one entry of the
+// audit stream where a wrote one entry for each.
+func sameRecords(ctx context.Context, t *testing.T, s *Store, a, b string) {
+	t.Helper()
+	rowA := must2(s.Get(ctx, a))(t)
+	rowB := must2(s.Get(ctx, b))(t)
 	if fmt.Sprint(rowA.Intents) != fmt.Sprint(rowB.Intents) || rowA.Status != rowB.Status {
 		t.Errorf("rows differ: one by one %+v, batched %+v", rowA, rowB)
 	}
-	insA := must2(s.Intents(ctx, "one-by-one"))(t)
-	insB := must2(s.Intents(ctx, "batched"))(t)
+	insA := must2(s.Intents(ctx, a))(t)
+	insB := must2(s.Intents(ctx, b))(t)
 	if len(insA) != len(insB) {
 		t.Fatalf("%d intents one by one, %d batched", len(insA), len(insB))
 	}
 	for i := range insA {
-		a, b := insA[i], insB[i]
-		if a.Key != b.Key || a.State != b.State || a.Attempts != b.Attempts || a.Refusals != b.Refusals || a.Reason != b.Reason || a.Source != b.Source || a.StatusCode != b.StatusCode {
-			t.Errorf("intent %d: one by one %+v, batched %+v", i, a, b)
+		x, y := insA[i], insB[i]
+		if x.Key != y.Key || x.State != y.State || x.Attempts != y.Attempts || x.Refusals != y.Refusals || x.Reason != y.Reason || x.Source != y.Source || x.StatusCode != y.StatusCode {
+			t.Errorf("intent %d: one by one %+v, batched %+v", i, x, y)
 		}
 	}
-	evA := must2(s.Events(ctx, "one-by-one"))(t)
-	evB := must2(s.Events(ctx, "batched"))(t)
+	evA := must2(s.Events(ctx, a))(t)
+	evB := must2(s.Events(ctx, b))(t)
 	if len(evA) != len(evB) {
 		t.Fatalf("%d events one by one, %d batched", len(evA), len(evB))
 	}
 	// The events of the batch's common steps (the first five with an
 	// event, up to the outcome for a record no longer in flight) are one
 	// entry of the audit stream; one by one, each is an entry of its own.
-	lenA := must2(s.rdb.XLen(ctx, keysOf("one-by-one").events).Result())(t)
-	lenB := must2(s.rdb.XLen(ctx, keysOf("batched").events).Result())(t)
+	lenA := must2(s.rdb.XLen(ctx, keysOf(a).events).Result())(t)
+	lenB := must2(s.rdb.XLen(ctx, keysOf(b).events).Result())(t)
 	if lenA-lenB != 4 {
 		t.Errorf("%d stream entries one by one, %d batched: want the five common steps' events in one entry", lenA, lenB)
 	}
 	for i := range evA {
-		a, b := evA[i], evB[i]
-		if a.Kind != b.Kind || a.From != b.From || a.To != b.To || a.Intent != b.Intent || a.Reason != b.Reason || a.Version != b.Version {
-			t.Errorf("event %d: one by one %+v, batched %+v", i, a, b)
+		x, y := evA[i], evB[i]
+		if x.Kind != y.Kind || x.From != y.From || x.To != y.To || x.Intent != y.Intent || x.Reason != y.Reason || x.Version != y.Version {
+			t.Errorf("event %d: one by one %+v, batched %+v", i, x, y)
+		}
+	}
+}
+
+// An error in one run's steps (here a row that is not a hash) answers
+// those steps with it, as a call of that run alone would fail, and leaves
+// the other runs of the call answered and recorded.
+func TestBatchKeepsAFailingRunToItself(t *testing.T) {
+	addr := testServer(t)
+	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, run := range []string{"before", "after"} {
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.rdb.Set(ctx, keysOf("broken").row, "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	guard := func(run string) state.GuardRequest {
+		return state.GuardRequest{RunID: run, Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, Method: "POST",
+			Target: "https://api.example/x", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p", NotAfter: time.Now().Add(time.Minute)}
+	}
+	runs := []string{"before", "broken", "after"}
+	args := []any{len(runs)}
+	var keys []string
+	for _, run := range runs {
+		keys = append(keys, keysOf(run).list()...)
+		args = append(args, 1, "g")
+		args = append(args, guardArgs(guard(run))...)
+	}
+	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
+	if err != nil {
+		t.Fatalf("the call failed as a whole: %v", err)
+	}
+	for i, run := range runs {
+		r, err := parseReply(v.([]any)[i])
+		if run == "broken" {
+			if !redis.HasErrorPrefix(err, "WRONGTYPE") {
+				t.Errorf("broken run answered %+v, %v; want its WRONGTYPE error", r, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", run, err)
+		}
+		res, err := s.guardResult(ctx, guard(run), r)
+		if err != nil || !res.Admitted {
+			t.Errorf("%s: admitted %v, err %v; want admitted", run, res.Admitted, err)
+		}
+		if in := must2(s.Intents(ctx, run))(t); len(in) != 1 || in[0].State != state.IntentInFlight {
+			t.Errorf("%s holds %+v; want the one intent IN_FLIGHT", run, in)
+		}
+	}
+}
+
+// Guards of many runs made at the same time share calls on one Redis: the
+// fleet's case, one agent per run, costs Redis fewer calls than steps.
+func TestGuardsOfManyRunsShareCalls(t *testing.T) {
+	addr := testServer(t)
+	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const runs = 64
+	for i := range runs {
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: fmt.Sprintf("run-%d", i), Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := make(chan struct{})
+	errs := make(chan error, runs)
+	for i := range runs {
+		go func() {
+			<-start
+			res, err := s.Guard(ctx, state.GuardRequest{RunID: fmt.Sprintf("run-%d", i), Key: "k", ExplicitKey: true,
+				Boundary: state.BoundaryHTTP, Method: "GET", Target: "https://api.example/x", LeaseOwner: "p",
+				LeaseTTL: time.Minute, Actor: "p", NotAfter: time.Now().Add(time.Minute)})
+			if err == nil && !res.Admitted {
+				err = fmt.Errorf("run-%d refused: %s", i, res.Refusal)
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range runs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := must2(s.rdb.Info(ctx, "commandstats").Result())(t)
+	calls := 0
+	for _, line := range strings.Split(stats, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+			calls, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+	}
+	if calls == 0 || calls > runs/2 {
+		t.Errorf("%d guards of %d runs took %d calls; want them to share calls (at most %d)", runs, runs, calls, runs/2)
+	}
+}
+
+func TestByRunKeepsEachRunsOrder(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"a", "a"},
+		{"aab", "aab"},
+		{"aba", "aab"},
+		{"abcabc", "aabbcc"},
+		{"bba", "bba"},
+		{"abbca", "aabbc"},
+	} {
+		var steps []*step
+		for i, r := range tc.in {
+			steps = append(steps, &step{run: string(r), op: strconv.Itoa(i)})
+		}
+		var got, order []string
+		for _, st := range byRun(steps) {
+			got = append(got, st.run)
+			order = append(order, st.run+st.op)
+		}
+		if strings.Join(got, "") != tc.want {
+			t.Errorf("byRun(%q) = %q, want %q", tc.in, strings.Join(got, ""), tc.want)
+		}
+		// Within a run, the steps keep the order they came in.
+		last := map[string]int{}
+		for _, st := range byRun(steps) {
+			i, _ := strconv.Atoi(st.op)
+			if p, ok := last[st.run]; ok && p > i {
+				t.Errorf("byRun(%q) put step %d of %s after step %d: %v", tc.in, p, st.run, i, order)
+			}
+			last[st.run] = i
 		}
 	}
 }

@@ -98,6 +98,8 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s.rdb = newClient(t, opts.OpTimeout)
 	s.scripter = onceScripter{rdb: s.rdb}
+	// A cluster keeps each run on its own slot: a call carries one run.
+	_, s.batches.perRun = s.rdb.(*redis.ClusterClient)
 	if err := s.Ping(ctx); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
@@ -267,6 +269,12 @@ func parseReply(v any) (reply, error) {
 			}
 			return r, nil
 		}
+	}
+	if ok && len(a) == 2 && a[0] == "failed" {
+		// The batch program's steps of this run failed (an error inside
+		// them); the other runs' steps of the call are answered.
+		msg, _ := a[1].(string)
+		return reply{}, groupError(msg)
 	}
 	if !ok || len(a) < 6 {
 		return reply{}, fmt.Errorf("the script answered %T, not its reply array", v)

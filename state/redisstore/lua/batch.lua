@@ -1,197 +1,239 @@
--- batch: ARGV n, then n steps of one run, each a code and its arguments:
--- 'g' and the 13 of op_guard, or 'f' and the 7 of op_finish.
+-- batch: ARGV g, then g groups, each the steps of one run: n, then n
+-- steps, each a code and its arguments: 'g' and the 13 of op_guard, or 'f'
+-- and the 7 of op_finish. KEYS: the seven per-run keys (prelude.lua) of
+-- each group's run, group by group. On Redis Cluster a call holds one run
+-- (its keys are one slot); on one Redis, the steps of every run queued
+-- meanwhile, so that a fleet's runs share calls.
+--
 -- The steps run in order, in one atomic step of the server: each is still
 -- its own check-and-record (or its own outcome), with its own answer, and
--- nothing can come between them. One call carries what the callers of one
--- run queued meanwhile, so its cost (the round trip, the call itself) is
--- shared by them.
+-- nothing can come between them. One call carries what the callers queued
+-- meanwhile, so its cost (the round trip, the call itself) is shared by
+-- them. A run's steps run under pcall: an error in them answers each of
+-- them with {'failed', error}, and the other runs' steps of the call are
+-- answered as if alone.
 --
--- The common case is written out once more, for the whole batch: the row
--- and every record the steps name are read in one HMGET; each step on the
--- common path (a new effect admitted on an ACTIVE run, the same request
+-- The common case is written out once more, for the steps of a run: the
+-- row and every record the steps name are read in one HMGET; each step on
+-- the common path (a new effect admitted on an ACTIVE run, the same request
 -- again included, or its outcome) is decided against that view, which
 -- takes its changes, and adds its event; their writes go out together at
 -- the end, one HSET, one ZADD, one ZREM, and their events as one entry of
 -- the audit stream (one XADD). The first step off the common path ends
 -- that: what is staged is written, and it and every step after it run one
 -- by one (op_guard, op_finish), each reading afresh.
-local n = tonumber(ARGV[1])
-local at = server_ms()
-local out = {}
 
-local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}
-local o = 2
-for _ = 1, n do
-  if ARGV[o] == 'g' then
-    fields[#fields + 1] = 's:' .. ARGV[o + 3]
-    o = o + 14
-  else
-    fields[#fields + 1] = 's:' .. ARGV[o + 2]
-    fields[#fields + 1] = 'i:' .. ARGV[o + 2]
-    o = o + 8
-  end
-end
-local vals = call('HMGET', K_RUN, unpack(fields))
-local view = {}
-for i, f in ipairs(fields) do
-  if vals[i] then
-    view[f] = vals[i]
-  end
-end
+-- run_steps runs the n steps of the run whose keys are set, the first
+-- step's code at ARGV[first], and answers them in order.
+local function run_steps(first, n)
+  local at = server_ms()
+  local out = {}
 
-local status, ver = view.status, view.v
--- A batch's steps mostly repeat their texts (actor, lease owner, method,
--- target): each is escaped once a call, since esc costs two calls out of
--- Lua and a table look-up costs none. A lone step has nothing to repeat,
--- and the table would cost it more than it saves.
-local esc_once = esc
-if n > 1 then
-  local escaped = {}
-  esc_once = function(s)
-    local e = escaped[s]
-    if not e then
-      e = esc(s)
-      escaped[s] = e
-    end
-    return e
-  end
-end
--- The staged writes.
-local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
--- The common steps' events, one entry of the audit stream.
-local entry
--- The row's own fields the common steps moved (its counts, its ordinal),
--- kept as numbers and written once at the end.
-local moved = {}
-local function bump(f, by)
-  moved[f] = (moved[f] or tonumber(view[f]) or 0) + by
-end
-local function put(f, v)
-  view[f] = v
-  hset[#hset + 1] = f
-  hset[#hset + 1] = v
-end
-local function flush()
-  if #hset > 2 then
-    call(unpack(hset))
-  end
-  if #zadd > 2 then
-    call(unpack(zadd))
-  end
-  if #zrem > 2 then
-    call(unpack(zrem))
-  end
-  if entry then
-    append_entry(entry)
-  end
-end
-
-local now = at
-local t = tonumber(view.t)
-if t and t > now then
-  now = t
-end
-step_ms = now
-local now_s = int(now)
-local common = status == 'ACTIVE' and view.o ~= nil
-
--- A step on the common path is ok and changed, with no code or detail: it
--- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
--- for a guard (the row's status and version, as op_guard's answer has
--- them) and {'recorded', key, i:KEY, s:KEY} for an outcome, where reply
--- makes two or three tables, each of which Redis walks, with a look-up for
--- every kind of answer a table may stand for, to answer.
-o = 2
-local j = 1
-while common and j <= n do
-  if ARGV[o] == 'g' then
-    local actor, observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-    local not_after = tonumber(ARGV[o + 12])
-    if not_after and at > not_after then
-      out[j] = reply('late')
-    elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 9] ~= '' or
-        (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 13] ~= '' then
-      -- An explicit key seen before, a scheduled retry, a stale version,
-      -- an edge's own refusal: the general rules.
-      common = false
-      break
+  local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}
+  local o = first
+  for _ = 1, n do
+    if ARGV[o] == 'g' then
+      fields[#fields + 1] = 's:' .. ARGV[o + 3]
+      o = o + 14
     else
-      local key = base
-      if view['s:' .. base] then
-        -- A derived base used before (the same request again): the next
-        -- free name, base.n, counted per base. A name is free when neither
-        -- this batch nor the stored run has it.
-        repeat
-          local k = call('HINCRBY', K_SEQ, base, 1)
-          if k == 1 then
-            k = call('HINCRBY', K_SEQ, base, 1)
-          end
-          key = base .. '.' .. k
-        until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
+      fields[#fields + 1] = 's:' .. ARGV[o + 2]
+      fields[#fields + 1] = 'i:' .. ARGV[o + 2]
+      o = o + 8
+    end
+  end
+  local vals = call('HMGET', K_RUN, unpack(fields))
+  local view = {}
+  for i, f in ipairs(fields) do
+    if vals[i] then
+      view[f] = vals[i]
+    end
+  end
+
+  local status, ver = view.status, view.v
+  -- A run's steps mostly repeat their texts (actor, lease owner, method,
+  -- target): each is escaped once for them all, since esc costs two calls
+  -- out of Lua and a table look-up costs none. A lone step has nothing to
+  -- repeat, and the table would cost it more than it saves.
+  local esc_once = esc
+  if n > 1 then
+    local escaped = {}
+    esc_once = function(s)
+      local e = escaped[s]
+      if not e then
+        e = esc(s)
+        escaped[s] = e
       end
-      local ord_n = (moved.o or tonumber(view.o)) + 1
-      moved.o = ord_n
-      local ord = int(ord_n)
-      local lease_s = int(now + tonumber(ARGV[o + 11]))
-      local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 6]) ..
-        '\n' .. esc_once(ARGV[o + 7]) .. '\n' .. esc_once(ARGV[o + 8])
-      local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(ARGV[o + 10]) .. '\n\n\n'
-      put('i:' .. key, imm)
-      put('s:' .. key, mut)
-      bump('n:IN_FLIGHT', 1)
-      zadd[#zadd + 1] = '-' .. lease_s
-      zadd[#zadd + 1] = key
-      entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
-      out[j] = {'admitted', key, imm, mut, status, ver}
+      return e
     end
-    o = o + 14
-  else
-    local actor, key, outcome = ARGV[o + 1], ARGV[o + 2], ARGV[o + 4]
-    local sk = 's:' .. key
-    local mut = view[sk]
-    local from, attempts, refusals
-    if mut then
-      from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
-    end
-    if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 3] or outcome == 'IN_FLIGHT' then
-      common = false
-      break
-    end
-    local reason, source = ARGV[o + 6], ARGV[o + 7]
-    mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
-      esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
-    put(sk, mut)
-    bump('n:IN_FLIGHT', -1)
-    bump('n:' .. outcome, 1)
-    zrem[#zrem + 1] = key
-    entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-      esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
-    out[j] = {'recorded', key, view['i:' .. key], mut}
-    o = o + 8
   end
-  j = j + 1
-end
-if j > 1 then
-  -- The row's fields the common steps moved, with the intents'.
-  for f, v in pairs(moved) do
+  -- The staged writes.
+  local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
+  -- The common steps' events, one entry of the audit stream.
+  local entry
+  -- The row's own fields the common steps moved (its counts, its ordinal),
+  -- kept as numbers and written once at the end.
+  local moved = {}
+  local function bump(f, by)
+    moved[f] = (moved[f] or tonumber(view[f]) or 0) + by
+  end
+  local function put(f, v)
+    view[f] = v
     hset[#hset + 1] = f
-    hset[#hset + 1] = int(v)
+    hset[#hset + 1] = v
   end
-  hset[#hset + 1] = 't'
-  hset[#hset + 1] = now_s
-  flush()
+  local function flush()
+    if #hset > 2 then
+      call(unpack(hset))
+    end
+    if #zadd > 2 then
+      call(unpack(zadd))
+    end
+    if #zrem > 2 then
+      call(unpack(zrem))
+    end
+    if entry then
+      append_entry(entry)
+    end
+  end
+
+  local now = at
+  local t = tonumber(view.t)
+  if t and t > now then
+    now = t
+  end
+  step_ms = now
+  local now_s = int(now)
+  local common = status == 'ACTIVE' and view.o ~= nil
+
+  -- A step on the common path is ok and changed, with no code or detail: it
+  -- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
+  -- for a guard (the row's status and version, as op_guard's answer has
+  -- them) and {'recorded', key, i:KEY, s:KEY} for an outcome, where reply
+  -- makes two or three tables, each of which Redis walks, with a look-up for
+  -- every kind of answer a table may stand for, to answer.
+  o = first
+  local j = 1
+  while common and j <= n do
+    if ARGV[o] == 'g' then
+      local actor, observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+      local not_after = tonumber(ARGV[o + 12])
+      if not_after and at > not_after then
+        out[j] = reply('late')
+      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 9] ~= '' or
+          (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 13] ~= '' then
+        -- An explicit key seen before, a scheduled retry, a stale version,
+        -- an edge's own refusal: the general rules.
+        common = false
+        break
+      else
+        local key = base
+        if view['s:' .. base] then
+          -- A derived base used before (the same request again): the next
+          -- free name, base.n, counted per base. A name is free when neither
+          -- this batch nor the stored run has it.
+          repeat
+            local k = call('HINCRBY', K_SEQ, base, 1)
+            if k == 1 then
+              k = call('HINCRBY', K_SEQ, base, 1)
+            end
+            key = base .. '.' .. k
+          until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
+        end
+        local ord_n = (moved.o or tonumber(view.o)) + 1
+        moved.o = ord_n
+        local ord = int(ord_n)
+        local lease_s = int(now + tonumber(ARGV[o + 11]))
+        local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 6]) ..
+          '\n' .. esc_once(ARGV[o + 7]) .. '\n' .. esc_once(ARGV[o + 8])
+        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(ARGV[o + 10]) .. '\n\n\n'
+        put('i:' .. key, imm)
+        put('s:' .. key, mut)
+        bump('n:IN_FLIGHT', 1)
+        zadd[#zadd + 1] = '-' .. lease_s
+        zadd[#zadd + 1] = key
+        entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
+        out[j] = {'admitted', key, imm, mut, status, ver}
+      end
+      o = o + 14
+    else
+      local actor, key, outcome = ARGV[o + 1], ARGV[o + 2], ARGV[o + 4]
+      local sk = 's:' .. key
+      local mut = view[sk]
+      local from, attempts, refusals
+      if mut then
+        from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
+      end
+      if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 3] or outcome == 'IN_FLIGHT' then
+        common = false
+        break
+      end
+      local reason, source = ARGV[o + 6], ARGV[o + 7]
+      mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
+        esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
+      put(sk, mut)
+      bump('n:IN_FLIGHT', -1)
+      bump('n:' .. outcome, 1)
+      zrem[#zrem + 1] = key
+      entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+        esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
+      out[j] = {'recorded', key, view['i:' .. key], mut}
+      o = o + 8
+    end
+    j = j + 1
+  end
+  if j > 1 then
+    -- The row's fields the common steps moved, with the intents'.
+    for f, v in pairs(moved) do
+      hset[#hset + 1] = f
+      hset[#hset + 1] = int(v)
+    end
+    hset[#hset + 1] = 't'
+    hset[#hset + 1] = now_s
+    flush()
+  end
+
+  -- The rest, one by one.
+  while j <= n do
+    changed, loaded = false, nil
+    if ARGV[o] == 'g' then
+      out[j] = op_guard(o)
+      o = o + 14
+    else
+      out[j] = op_finish(o)
+      o = o + 8
+    end
+    j = j + 1
+  end
+  return out
 end
 
--- The rest, one by one.
-while j <= n do
-  changed, loaded = false, nil
-  if ARGV[o] == 'g' then
-    out[j] = op_guard(o)
-    o = o + 14
-  else
-    out[j] = op_finish(o)
-    o = o + 8
+-- The offset after the n steps at ARGV[first].
+local function after_steps(first, n)
+  local o = first
+  for _ = 1, n do
+    if ARGV[o] == 'g' then
+      o = o + 14
+    else
+      o = o + 8
+    end
   end
-  j = j + 1
+  return o
 end
-return out
+
+local answers = {}
+local o = 2
+for g = 1, tonumber(ARGV[1]) do
+  local n = tonumber(ARGV[o])
+  local first = o + 1
+  use_run(KEYS, (g - 1) * 7)
+  local ok, res = pcall(run_steps, first, n)
+  for j = 1, n do
+    if ok then
+      answers[#answers + 1] = res[j]
+    else
+      answers[#answers + 1] = {'failed', error_text(res)}
+    end
+  end
+  o = after_steps(first, n)
+end
+return answers

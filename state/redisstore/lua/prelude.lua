@@ -49,12 +49,29 @@ local function int(n)
   return string.format('%d', n)
 end
 
-local function begin(keys, args)
+-- use_run points the per-run keys at the run whose seven keys follow
+-- keys[k], and starts its steps afresh (a batch runs the steps of several
+-- runs in one call, one run after the other).
+local function use_run(keys, k)
   K_RUN, K_LEGACY, K_ORDER, K_SEQ, K_INFLIGHT, K_SCHED, K_EVENTS =
-    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+    keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4], keys[k + 5], keys[k + 6], keys[k + 7]
+  changed, loaded, step_ms = false, nil, nil
+end
+
+local function begin(keys, args)
+  use_run(keys, 0)
   A = args
   call = redis.call
-  changed, loaded, clock, step_ms = false, nil, nil, nil
+  clock = nil
+end
+
+-- error_text is the message of an error pcall caught: a failed redis.call
+-- raises a table holding it in err.
+local function error_text(e)
+  if type(e) == 'table' and e.err then
+    return e.err
+  end
+  return tostring(e)
 end
 
 -- The server's clock in ms, read once per call.
