@@ -3,12 +3,16 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -154,6 +158,82 @@ func TestRunLoadCountsUnguardedAnswersAsErrors(t *testing.T) {
 	}
 	if res.Errors == 0 || !strings.Contains(res.FirstError, "not guarded") {
 		t.Fatalf("errors %d, first %q: an answer without %s must count as a failure", res.Errors, res.FirstError, headerIntent)
+	}
+}
+
+func TestRunLoadGivesEachConnectionTheProxyCredentialsOfItsOwn(t *testing.T) {
+	// The server plays the proxy: it sees each request's credentials and
+	// its connection number (?i=CONN-SEQ), and answers by itself (the
+	// upstream address, where nothing listens, is never dialled).
+	var (
+		mu   sync.Mutex
+		seen = map[string]string{}
+		bad  []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, _, _ := parseProxyAuth(r.Header.Get("Proxy-Authorization"))
+		conn, _, _ := strings.Cut(r.URL.Query().Get("i"), "-")
+		mu.Lock()
+		if prev, ok := seen[conn]; ok && prev != user {
+			bad = append(bad, fmt.Sprintf("connection %s sent as %q, then as %q", conn, prev, user))
+		}
+		seen[conn] = user
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	proxyAt := func(run string) *url.URL {
+		u, err := url.Parse(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(run, "1")
+		return u
+	}
+	spec := loadSpec{Conns: 4, Method: http.MethodGet, URL: "http://127.0.0.1:1/small",
+		ProxyFor: func(conn int) *url.URL { return proxyAt(fmt.Sprintf("run-c%d", conn)) },
+		Warmup:   10 * time.Millisecond, Window: 100 * time.Millisecond}
+	res, err := runLoad(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Errors != 0 {
+		t.Fatalf("requests %d, errors %d (%s)", res.Requests, res.Errors, res.FirstError)
+	}
+	want := map[string]string{"0": "run-c0", "1": "run-c1", "2": "run-c2", "3": "run-c3"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !maps.Equal(seen, want) || len(bad) > 0 {
+		t.Fatalf("credentials by connection %v, want %v; %v", seen, want, bad)
+	}
+}
+
+// parseProxyAuth reads Basic credentials as the proxy does.
+func parseProxyAuth(h string) (user, pass string, ok bool) {
+	r := http.Request{Header: http.Header{"Authorization": {h}}}
+	return r.BasicAuth()
+}
+
+func TestRunLoadNeverMeasuresAConnectionsFirstRequest(t *testing.T) {
+	// Every connection's first request (?i=CONN-0) is refused, as a run
+	// that is still being admitted might be; with no warm-up at all the
+	// window must still open only after those answers.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Query().Get("i"), "-0") {
+			time.Sleep(20 * time.Millisecond)
+			http.Error(w, "first request", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	res, err := runLoad(context.Background(), loadSpec{Conns: 8, Method: http.MethodGet, URL: srv.URL,
+		Warmup: 0, Window: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Errors != 0 {
+		t.Fatalf("requests %d, errors %d (%s): a first request was measured", res.Requests, res.Errors, res.FirstError)
 	}
 }
 
