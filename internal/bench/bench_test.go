@@ -11,10 +11,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stopgate/stopgate/state"
 )
 
 func TestParseStatCountsUserAndSystemTicksPastAnyCommandName(t *testing.T) {
@@ -291,5 +294,68 @@ func TestCacheGivesBackWhatItKeptAndOnlyForThisBinary(t *testing.T) {
 	}
 	if _, ok, _ := off.restore("x", t.TempDir()); ok {
 		t.Fatal("a cache that is off gave something back")
+	}
+}
+
+func TestScenariosAddARunPerConnectionAtTheLargestCountOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		runPerConn bool
+		want       []string
+	}{
+		{true, []string{"http/64", "http/1", "http-runs/64 a run per connection", "https/64", "https/1"}},
+		{false, []string{"http/64", "http/1", "https/64", "https/1"}},
+	} {
+		e := &env{cfg: &Config{Conns: []int{64, 1}, RunPerConn: tc.runPerConn}}
+		var got []string
+		for _, sc := range e.scenarios() {
+			s := fmt.Sprintf("%s/%d", sc.key, sc.conns)
+			if sc.runPerConn {
+				s += " a run per connection"
+			}
+			got = append(got, s)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("RunPerConn %v: scenarios %v, want %v", tc.runPerConn, got, tc.want)
+		}
+	}
+}
+
+func TestSpecGivesEachConnectionAValidRunOfItsOwnOnlyInTheRunPerConnectionScenario(t *testing.T) {
+	e := &env{cfg: &Config{Conns: []int{64}, RunPerConn: true, Warmup: time.Millisecond, Window: time.Millisecond},
+		up: &upstream{HTTPURL: "http://127.0.0.1:1"}}
+	proxy := target{key: "p", proxy: func(run string) *url.URL {
+		return &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: "127.0.0.1:2"}
+	}, spec: func(*loadSpec) {}}
+	direct := target{key: "d", spec: func(*loadSpec) {}}
+	const run = "bench-http-runs-64-everysec-r12"
+	for _, sc := range e.scenarios() {
+		s := e.spec(sc, proxy, run)
+		if !sc.runPerConn {
+			if s.ProxyFor != nil || s.Proxy.User.Username() != run {
+				t.Errorf("%s ×%d: proxy %v, per connection %v: want every connection on run %q", sc.label, sc.conns, s.Proxy, s.ProxyFor != nil, run)
+			}
+			continue
+		}
+		if s.Proxy != nil || s.ProxyFor == nil {
+			t.Fatalf("%s: proxy %v, per connection %v: want a proxy per connection", sc.label, s.Proxy, s.ProxyFor != nil)
+		}
+		runs := map[string]bool{}
+		for conn := range sc.conns {
+			u := s.ProxyFor(conn)
+			id := u.User.Username()
+			if err := state.ValidateRunID(id); err != nil {
+				t.Errorf("connection %d: %v", conn, err)
+			}
+			if !strings.HasPrefix(id, run+"-") || u.Host != "127.0.0.1:2" {
+				t.Errorf("connection %d: proxy %v, want run %s-… at 127.0.0.1:2", conn, u, run)
+			}
+			runs[id] = true
+		}
+		if len(runs) != sc.conns {
+			t.Errorf("%d connections on %d runs, want a run each", sc.conns, len(runs))
+		}
+		if d := e.spec(sc, direct, run); d.Proxy != nil || d.ProxyFor != nil {
+			t.Errorf("direct, %s: proxy %v, per connection %v: want none", sc.label, d.Proxy, d.ProxyFor != nil)
+		}
 	}
 }
