@@ -44,6 +44,10 @@ type Config struct {
 	Conns []int
 	// Post adds a small POST at the largest connection count.
 	Post bool
+	// RunPerConn adds an HTTP GET at the largest connection count in which
+	// each connection is its own run, as a fleet with one agent per run
+	// sends; the other rows put all connections on one run.
+	RunPerConn bool
 
 	// Cancels is how many cancels the cut latency is measured over.
 	Cancels int

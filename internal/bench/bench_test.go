@@ -3,14 +3,21 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/stopgate/stopgate/state"
 )
 
 func TestParseStatCountsUserAndSystemTicksPastAnyCommandName(t *testing.T) {
@@ -157,6 +164,82 @@ func TestRunLoadCountsUnguardedAnswersAsErrors(t *testing.T) {
 	}
 }
 
+func TestRunLoadGivesEachConnectionTheProxyCredentialsOfItsOwn(t *testing.T) {
+	// The server plays the proxy: it sees each request's credentials and
+	// its connection number (?i=CONN-SEQ), and answers by itself (the
+	// upstream address, where nothing listens, is never dialled).
+	var (
+		mu   sync.Mutex
+		seen = map[string]string{}
+		bad  []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, _, _ := parseProxyAuth(r.Header.Get("Proxy-Authorization"))
+		conn, _, _ := strings.Cut(r.URL.Query().Get("i"), "-")
+		mu.Lock()
+		if prev, ok := seen[conn]; ok && prev != user {
+			bad = append(bad, fmt.Sprintf("connection %s sent as %q, then as %q", conn, prev, user))
+		}
+		seen[conn] = user
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	proxyAt := func(run string) *url.URL {
+		u, err := url.Parse(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(run, "1")
+		return u
+	}
+	spec := loadSpec{Conns: 4, Method: http.MethodGet, URL: "http://127.0.0.1:1/small",
+		ProxyFor: func(conn int) *url.URL { return proxyAt(fmt.Sprintf("run-c%d", conn)) },
+		Warmup:   10 * time.Millisecond, Window: 100 * time.Millisecond}
+	res, err := runLoad(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Errors != 0 {
+		t.Fatalf("requests %d, errors %d (%s)", res.Requests, res.Errors, res.FirstError)
+	}
+	want := map[string]string{"0": "run-c0", "1": "run-c1", "2": "run-c2", "3": "run-c3"}
+	mu.Lock()
+	defer mu.Unlock()
+	if !maps.Equal(seen, want) || len(bad) > 0 {
+		t.Fatalf("credentials by connection %v, want %v; %v", seen, want, bad)
+	}
+}
+
+// parseProxyAuth reads Basic credentials as the proxy does.
+func parseProxyAuth(h string) (user, pass string, ok bool) {
+	r := http.Request{Header: http.Header{"Authorization": {h}}}
+	return r.BasicAuth()
+}
+
+func TestRunLoadNeverMeasuresAConnectionsFirstRequest(t *testing.T) {
+	// Every connection's first request (?i=CONN-0) is refused, as a run
+	// that is still being admitted might be; with no warm-up at all the
+	// window must still open only after those answers.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Query().Get("i"), "-0") {
+			time.Sleep(20 * time.Millisecond)
+			http.Error(w, "first request", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	res, err := runLoad(context.Background(), loadSpec{Conns: 8, Method: http.MethodGet, URL: srv.URL,
+		Warmup: 0, Window: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Errors != 0 {
+		t.Fatalf("requests %d, errors %d (%s): a first request was measured", res.Requests, res.Errors, res.FirstError)
+	}
+}
+
 func TestCacheGivesBackWhatItKeptAndOnlyForThisBinary(t *testing.T) {
 	root := t.TempDir()
 	stale := filepath.Join(root, "0123456789abcdef")
@@ -211,5 +294,68 @@ func TestCacheGivesBackWhatItKeptAndOnlyForThisBinary(t *testing.T) {
 	}
 	if _, ok, _ := off.restore("x", t.TempDir()); ok {
 		t.Fatal("a cache that is off gave something back")
+	}
+}
+
+func TestScenariosAddARunPerConnectionAtTheLargestCountOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		runPerConn bool
+		want       []string
+	}{
+		{true, []string{"http/64", "http/1", "http-runs/64 a run per connection", "https/64", "https/1"}},
+		{false, []string{"http/64", "http/1", "https/64", "https/1"}},
+	} {
+		e := &env{cfg: &Config{Conns: []int{64, 1}, RunPerConn: tc.runPerConn}}
+		var got []string
+		for _, sc := range e.scenarios() {
+			s := fmt.Sprintf("%s/%d", sc.key, sc.conns)
+			if sc.runPerConn {
+				s += " a run per connection"
+			}
+			got = append(got, s)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("RunPerConn %v: scenarios %v, want %v", tc.runPerConn, got, tc.want)
+		}
+	}
+}
+
+func TestSpecGivesEachConnectionAValidRunOfItsOwnOnlyInTheRunPerConnectionScenario(t *testing.T) {
+	e := &env{cfg: &Config{Conns: []int{64}, RunPerConn: true, Warmup: time.Millisecond, Window: time.Millisecond},
+		up: &upstream{HTTPURL: "http://127.0.0.1:1"}}
+	proxy := target{key: "p", proxy: func(run string) *url.URL {
+		return &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: "127.0.0.1:2"}
+	}, spec: func(*loadSpec) {}}
+	direct := target{key: "d", spec: func(*loadSpec) {}}
+	const run = "bench-http-runs-64-everysec-r12"
+	for _, sc := range e.scenarios() {
+		s := e.spec(sc, proxy, run)
+		if !sc.runPerConn {
+			if s.ProxyFor != nil || s.Proxy.User.Username() != run {
+				t.Errorf("%s ×%d: proxy %v, per connection %v: want every connection on run %q", sc.label, sc.conns, s.Proxy, s.ProxyFor != nil, run)
+			}
+			continue
+		}
+		if s.Proxy != nil || s.ProxyFor == nil {
+			t.Fatalf("%s: proxy %v, per connection %v: want a proxy per connection", sc.label, s.Proxy, s.ProxyFor != nil)
+		}
+		runs := map[string]bool{}
+		for conn := range sc.conns {
+			u := s.ProxyFor(conn)
+			id := u.User.Username()
+			if err := state.ValidateRunID(id); err != nil {
+				t.Errorf("connection %d: %v", conn, err)
+			}
+			if !strings.HasPrefix(id, run+"-") || u.Host != "127.0.0.1:2" {
+				t.Errorf("connection %d: proxy %v, want run %s-… at 127.0.0.1:2", conn, u, run)
+			}
+			runs[id] = true
+		}
+		if len(runs) != sc.conns {
+			t.Errorf("%d connections on %d runs, want a run each", sc.conns, len(runs))
+		}
+		if d := e.spec(sc, direct, run); d.Proxy != nil || d.ProxyFor != nil {
+			t.Errorf("direct, %s: proxy %v, per connection %v: want none", sc.label, d.Proxy, d.ProxyFor != nil)
+		}
 	}
 }

@@ -35,13 +35,18 @@ type loadSpec struct {
 	URL string
 	// Proxy is the proxy URL with the run's credentials; nil goes direct.
 	Proxy *url.URL
+	// ProxyFor, if set, gives connection conn (0 to Conns-1) a proxy URL
+	// of its own, in place of Proxy: each connection its own run, as a
+	// fleet with one agent per run sends.
+	ProxyFor func(conn int) *url.URL
 	// Roots verify HTTPS: the upstream's certificate, or a proxy's CA.
 	Roots *x509.CertPool
 	// RequireHeader, if set, must be on every answer: proof that the
 	// request went through the guard rather than around it.
 	RequireHeader string
 	// Warmup runs before the measured window: connections open, TLS
-	// handshakes, the run's first admission.
+	// handshakes, the run's first admission. The window also waits until
+	// every connection has had its first answer, which is never measured.
 	Warmup, Window time.Duration
 	// Watch are the processes whose CPU time is read at both ends of the
 	// measured window.
@@ -49,6 +54,14 @@ type loadSpec struct {
 }
 
 // loadResult is what one measurement saw in its window.
+// proxyFor is connection conn's proxy URL; nil goes direct.
+func (s loadSpec) proxyFor(conn int) *url.URL {
+	if s.ProxyFor != nil {
+		return s.ProxyFor(conn)
+	}
+	return s.Proxy
+}
+
 type loadResult struct {
 	Requests int
 	Errors   int
@@ -116,11 +129,15 @@ func runLoad(ctx context.Context, spec loadSpec) (loadResult, error) {
 		errCount  atomic.Int64
 		firstErr  atomic.Pointer[string]
 		wg        sync.WaitGroup
+		// answered counts down the connections' first answers.
+		answered sync.WaitGroup
 	)
 	perWorker := make([][]time.Duration, spec.Conns)
+	answered.Add(spec.Conns)
 	for w := range spec.Conns {
+		proxy := spec.proxyFor(w)
 		tr := &http.Transport{
-			Proxy:               http.ProxyURL(spec.Proxy),
+			Proxy:               http.ProxyURL(proxy),
 			TLSClientConfig:     &tls.Config{RootCAs: spec.Roots},
 			MaxIdleConns:        1,
 			MaxIdleConnsPerHost: 1,
@@ -129,18 +146,26 @@ func runLoad(ctx context.Context, spec loadSpec) (loadResult, error) {
 			// HTTP/1.1 everywhere: one request at a time per connection.
 			TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 		}
-		if spec.Proxy == nil {
+		if proxy == nil {
 			tr.Proxy = nil
 		}
 		client := &http.Client{Transport: tr, Timeout: requestTimeout}
 		wg.Go(func() {
 			defer tr.CloseIdleConnections()
+			firstAnswer := sync.OnceFunc(answered.Done)
+			defer firstAnswer()
 			lat := make([]time.Duration, 0, 4096)
 			prefix := spec.URL + "?i=" + strconv.Itoa(w) + "-"
 			for seq := 0; !stop.Load() && ctx.Err() == nil; seq++ {
 				start := time.Now()
 				err := oneRequest(ctx, client, spec, prefix+strconv.Itoa(seq))
 				took := time.Since(start)
+				if seq == 0 {
+					// The first request opens the connection and admits
+					// its run: warm-up, however long the warm-up lasted.
+					firstAnswer()
+					continue
+				}
 				if !measuring.Load() {
 					continue
 				}
@@ -157,8 +182,18 @@ func runLoad(ctx context.Context, spec loadSpec) (loadResult, error) {
 		})
 	}
 	finish := func() { stop.Store(true); wg.Wait() }
+	// The warm-up ends after its time and after every connection's first
+	// answer: with a run per connection, each run is admitted before the
+	// window. Every first request ends within requestTimeout, so the wait
+	// is bounded even when the warm-up is too short for them.
+	warmedUp := make(chan struct{})
+	go func() {
+		time.Sleep(spec.Warmup)
+		answered.Wait()
+		close(warmedUp)
+	}()
 	select {
-	case <-time.After(spec.Warmup):
+	case <-warmedUp:
 	case <-ctx.Done():
 		finish()
 		return loadResult{}, ctx.Err()
@@ -237,7 +272,7 @@ func driveRequests(ctx context.Context, spec loadSpec, n int) error {
 	var wg sync.WaitGroup
 	for w := range spec.Conns {
 		tr := &http.Transport{
-			Proxy:               http.ProxyURL(spec.Proxy),
+			Proxy:               http.ProxyURL(spec.proxyFor(w)),
 			TLSClientConfig:     &tls.Config{RootCAs: spec.Roots},
 			MaxIdleConnsPerHost: 1,
 			MaxConnsPerHost:     1,

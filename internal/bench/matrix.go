@@ -19,8 +19,11 @@ type target struct {
 	key, label string
 	// baseline marks plain goproxy: the row every ratio divides by.
 	baseline bool
-	// spec fills the proxy, roots and watched processes of a measurement.
-	spec func(s *loadSpec, run string)
+	// proxy is the proxy URL with a run's credentials; nil goes direct.
+	proxy func(run string) *url.URL
+	// spec fills the roots, the required header and the watched processes
+	// of a measurement.
+	spec func(s *loadSpec)
 	// redis, if set, is watched as the second process.
 	hasRedis bool
 }
@@ -31,21 +34,26 @@ type scenario struct {
 	tls        bool
 	method     string
 	conns      int
+	// runPerConn gives each connection its own run, as a fleet with one
+	// agent per run sends; otherwise every connection is on one run.
+	runPerConn bool
 }
 
 func (e *env) targets(p *mainProcs) []target {
-	direct := target{key: "direct", label: "direct (no proxy)", spec: func(s *loadSpec, _ string) {
+	direct := target{key: "direct", label: "direct (no proxy)", spec: func(s *loadSpec) {
 		s.Roots = e.up.Roots
 	}}
-	base := target{key: "goproxy", label: "plain goproxy", baseline: true, spec: func(s *loadSpec, run string) {
+	base := target{key: "goproxy", label: "plain goproxy", baseline: true,
 		// The same credentials as stopgate gets, so both parse the same bytes.
-		s.Proxy = &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: p.base.addr}
-		s.Roots = p.base.roots
-		s.Watch = []int{p.base.PID()}
-	}}
+		proxy: func(run string) *url.URL {
+			return &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: p.base.addr}
+		},
+		spec: func(s *loadSpec) {
+			s.Roots = p.base.roots
+			s.Watch = []int{p.base.PID()}
+		}}
 	sg := func(key, label string, g *stopgate, r *redisProc) target {
-		return target{key: key, label: label, hasRedis: r != nil, spec: func(s *loadSpec, run string) {
-			s.Proxy = g.proxyURL(run)
+		return target{key: key, label: label, hasRedis: r != nil, proxy: g.proxyURL, spec: func(s *loadSpec) {
 			s.Roots = g.roots
 			s.RequireHeader = headerIntent
 			s.Watch = []int{g.PID()}
@@ -64,14 +72,14 @@ func (e *env) targets(p *mainProcs) []target {
 
 func (e *env) scenarios() []scenario {
 	var out []scenario
-	for _, tls := range []bool{false, true} {
-		for _, n := range e.cfg.Conns {
-			sc := scenario{key: "http", label: "HTTP GET", tls: tls, method: http.MethodGet, conns: n}
-			if tls {
-				sc.key, sc.label = "https", "HTTPS GET (MITM)"
-			}
-			out = append(out, sc)
-		}
+	for _, n := range e.cfg.Conns {
+		out = append(out, scenario{key: "http", label: "HTTP GET", method: http.MethodGet, conns: n})
+	}
+	if e.cfg.RunPerConn {
+		out = append(out, scenario{key: "http-runs", label: "HTTP GET, a run per connection", method: http.MethodGet, conns: slices.Max(e.cfg.Conns), runPerConn: true})
+	}
+	for _, n := range e.cfg.Conns {
+		out = append(out, scenario{key: "https", label: "HTTPS GET (MITM)", tls: true, method: http.MethodGet, conns: n})
 	}
 	if e.cfg.Post {
 		out = append(out, scenario{key: "post", label: "HTTP POST 64 B", method: http.MethodPost, conns: slices.Max(e.cfg.Conns)})
@@ -90,9 +98,20 @@ func (e *env) spec(sc scenario, t target, run string) loadSpec {
 	if sc.method == http.MethodPost {
 		s.Body = []byte(strings.Repeat("x", postBodySize))
 	}
-	t.spec(&s, run)
+	switch {
+	case t.proxy == nil:
+	case sc.runPerConn:
+		s.ProxyFor = func(conn int) *url.URL { return t.proxy(connRun(run, conn)) }
+	default:
+		s.Proxy = t.proxy(run)
+	}
+	t.spec(&s)
 	return s
 }
+
+// connRun is connection conn's own run in a measurement named run: letters,
+// digits and dashes, as a run id must be.
+func connRun(run string, conn int) string { return fmt.Sprintf("%s-c%d", run, conn) }
 
 // matrixPhase is the main table: every scenario through every target,
 // interleaved (repeat by repeat, scenario by scenario) so that each
@@ -123,7 +142,7 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) (*table, error) {
 		}
 	}
 	t := &table{
-		title: "Per-request cost: side by side, one run",
+		title: "Per-request cost, side by side",
 		left:  2,
 		header: []string{"traffic", "case", "conns", "req/s (min–max)", "× plain goproxy", "p50", "p50 − goproxy", "p99",
 			"proxy CPU µs/req", "× goproxy CPU", "redis CPU µs/req", "others' CPU", "errors"},
@@ -164,6 +183,11 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) (*table, error) {
 			"CPU is utime+stime from /proc/PID/stat over the window ÷ requests completed in it (10 ms ticks); "+
 			"others' CPU is what the rest of the machine used meanwhile (a noisy machine shows here). "+
 			"Every stopgate answer was checked for "+headerIntent+" (guarded, not bypassed).")
+	if e.cfg.RunPerConn {
+		t.notes = append(t.notes, "Every row puts all the connections of a measurement on one run, except \"a run per connection\": "+
+			"there connection i is its own run (…-c<i>, admitted by its first request, in the warm-up), as a fleet with one agent per run sends, "+
+			"so no two connections' requests are steps of the same run.")
+	}
 	return t, nil
 }
 

@@ -54,6 +54,7 @@ func parseFlags(args []string) (bench.Config, error) {
 	fs.DurationVar(&cfg.Window, "window", 2*time.Second, "measured window of each measurement")
 	conns := fs.String("conns", "1,64", "connection counts of the main table, comma-separated")
 	fs.BoolVar(&cfg.Post, "post", false, "add a small POST at the largest connection count")
+	fs.BoolVar(&cfg.RunPerConn, "run-per-conn", true, "add an HTTP GET at the largest connection count with each connection its own run (-run-per-conn=false leaves it out)")
 	fs.IntVar(&cfg.Cancels, "cancels", 100, "cancels the cut latency is measured over")
 	fs.IntVar(&cfg.MemRuns, "mem-runs", 10000, "runs admitted to measure Redis memory per run")
 	fs.IntVar(&cfg.MemIntents, "mem-intents", 10000, "requests sent to measure Redis memory per intent")
