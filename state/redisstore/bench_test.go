@@ -110,6 +110,15 @@ func BenchmarkGuardFinishSameRequest(b *testing.B) {
 	})
 }
 
+// BenchmarkGuardFinishManyRuns is BenchmarkGuardFinish at 64 goroutines,
+// AOF everysec, with the requests spread over 64 runs, as a fleet with an
+// agent per run sends them: steps of different runs share calls.
+func BenchmarkGuardFinishManyRuns(b *testing.B) {
+	measureRedis(b, "everysec", 64, func(s *redisstore.Store, i int) {
+		guardFinish(b, s, fmt.Sprintf("bench-%d", i%64), i)
+	})
+}
+
 // procCPU is the user and system time the process has used.
 func procCPU(tb testing.TB, pid int) time.Duration {
 	tb.Helper()
