@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -175,13 +176,23 @@ func startStopgate(ctx context.Context, bin, logDir string, o stopgateOpts) (*st
 	var lastErr error
 	// A port picked free may be taken before serve binds it: try again.
 	for range 3 {
-		ports := make([]int, 3)
-		for i := range ports {
+		// Three different ports: a port let go of may be handed out again
+		// at once, and serve refuses two listeners on one address.
+		var ports []int
+		for range 30 {
 			p, err := redisserver.FreePort()
 			if err != nil {
 				return nil, err
 			}
-			ports[i] = p
+			if !slices.Contains(ports, p) {
+				ports = append(ports, p)
+			}
+			if len(ports) == 3 {
+				break
+			}
+		}
+		if len(ports) < 3 {
+			return nil, fmt.Errorf("%s: no three different free ports in 30 tries", o.Name)
 		}
 		addr := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
 		args := []string{"serve",
