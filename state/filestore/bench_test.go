@@ -24,7 +24,7 @@ func BenchmarkGuardFinish(b *testing.B) {
 	for _, conns := range []int{1, 64} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			measure(b, conns, func(s *filestore.Store, i int) {
-				guardFinish(b, s, fmt.Sprintf("d-0123456789abcdef%08d", i), i)
+				guardFinish(b, s, "bench", fmt.Sprintf("d-0123456789abcdef%08d", i), i)
 			})
 		})
 	}
@@ -36,7 +36,17 @@ func BenchmarkGuardFinish(b *testing.B) {
 // them base.2, base.3, … with a counter it updates on every guard.
 func BenchmarkGuardFinishSameRequest(b *testing.B) {
 	measure(b, 64, func(s *filestore.Store, i int) {
-		guardFinish(b, s, "d-0123456789abcdef01234567", i)
+		guardFinish(b, s, "bench", "d-0123456789abcdef01234567", i)
+	})
+}
+
+// BenchmarkGuardFinishManyRuns is BenchmarkGuardFinish at 64 goroutines
+// with the requests spread over 64 runs, as a fleet with an agent per run
+// sends them: steps of different runs share a commit, but each run's steps
+// write that run's own pages.
+func BenchmarkGuardFinishManyRuns(b *testing.B) {
+	measure(b, 64, func(s *filestore.Store, i int) {
+		guardFinish(b, s, fmt.Sprintf("bench-%d", i%64), fmt.Sprintf("d-0123456789abcdef%08d", i), i)
 	})
 }
 
@@ -66,11 +76,11 @@ func measure(b *testing.B, conns int, request func(s *filestore.Store, i int)) {
 	b.ReportMetric(float64(written(b)-w0)/float64(b.N), "disk-B/op")
 }
 
-// guardFinish guards and finishes one request under the derived key base.
-func guardFinish(b *testing.B, s *filestore.Store, base string, i int) {
+// guardFinish guards and finishes one request of run under the derived key base.
+func guardFinish(b *testing.B, s *filestore.Store, run, base string, i int) {
 	ctx := context.Background()
 	res, err := s.Guard(ctx, state.GuardRequest{
-		RunID: "bench", Key: base, Boundary: state.BoundaryHTTP,
+		RunID: run, Key: base, Boundary: state.BoundaryHTTP,
 		Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
 		LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
 		NotAfter: time.Now().Add(10 * time.Second),
@@ -79,7 +89,7 @@ func guardFinish(b *testing.B, s *filestore.Store, base string, i int) {
 		b.Errorf("guard %d: %+v %v", i, res, err)
 		return
 	}
-	_, err = s.Finish(ctx, state.FinishRequest{RunID: "bench", Key: res.Intent.Key, Attempt: res.Intent.Attempts,
+	_, err = s.Finish(ctx, state.FinishRequest{RunID: run, Key: res.Intent.Key, Attempt: res.Intent.Attempts,
 		Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"})
 	if err != nil {
 		b.Errorf("finish %d: %v", i, err)
