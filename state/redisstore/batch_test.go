@@ -34,12 +34,7 @@ return {op_finish(2)}
 // other runs (the call holds the sequence twice, a group per run), and
 // compares each with the first.
 func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
-	addr := testServer(t)
-	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s, _ := testStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -196,12 +191,7 @@ func sameRecords(ctx context.Context, t *testing.T, s *Store, a, b string) {
 // those steps with it, as a call of that run alone would fail, and leaves
 // the other runs of the call answered and recorded.
 func TestBatchKeepsAFailingRunToItself(t *testing.T) {
-	addr := testServer(t)
-	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s, _ := testStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, run := range []string{"before", "after"} {
@@ -252,12 +242,7 @@ func TestBatchKeepsAFailingRunToItself(t *testing.T) {
 // Guards of many runs made at the same time share calls on one Redis: the
 // fleet's case, one agent per run, costs Redis fewer calls than steps.
 func TestGuardsOfManyRunsShareCalls(t *testing.T) {
-	addr := testServer(t)
-	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s, _ := testStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const runs = 64
@@ -343,6 +328,19 @@ func must2[T any](v T, err error) func(testing.TB) T {
 		}
 		return v
 	}
+}
+
+// testStore opens a store on a redis-server of its own, and says where
+// that server listens.
+func testStore(t *testing.T) (*Store, string) {
+	t.Helper()
+	addr := testServer(t)
+	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, addr
 }
 
 // testServer starts a redis-server for the package's own tests (the

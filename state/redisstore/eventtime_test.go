@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strconv"
 	"testing"
 	"time"
@@ -20,12 +18,7 @@ import (
 // was told nothing was sent. Here the run's last step is set in the
 // future, so that the step's time and the server's clock differ by far.
 func TestEventsCarryTheirStepsTime(t *testing.T) {
-	addr := testServer(t)
-	s, err := Open(context.Background(), "redis://"+addr+"/0", Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s, addr := testStore(t)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = admin.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

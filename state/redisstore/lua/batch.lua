@@ -128,16 +128,9 @@ local function run_steps(first, n)
       else
         local key = base
         if view['s:' .. base] then
-          -- A derived base used before (the same request again): the next
-          -- free name, base.n, counted per base. A name is free when neither
-          -- this batch nor the stored run has it.
-          repeat
-            local k = call('HINCRBY', K_SEQ, base, 1)
-            if k == 1 then
-              k = call('HINCRBY', K_SEQ, base, 1)
-            end
-            key = base .. '.' .. k
-          until not view['s:' .. key] and call('HEXISTS', K_RUN, 's:' .. key) == 0
+          -- A derived base used before (the same request again); a name
+          -- this batch staged is taken too.
+          key = next_derived_key(base, view)
         end
         local ord_n = (moved.o or tonumber(view.o)) + 1
         moved.o = ord_n

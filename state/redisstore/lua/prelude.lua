@@ -328,6 +328,23 @@ local function event(run, actor, kind, reason, from, to, intent)
 end
 
 -- The intent under key, or nil.
+-- next_derived_key names the next dispatch of a derived key base used
+-- before: base.n, counted per base in K_SEQ (base itself was the first, so
+-- the count starts at 2), skipping a name already taken (an explicit key
+-- that looks derived), in the run or in staged (a batch's view of what it
+-- has written and not yet saved).
+local function next_derived_key(base, staged)
+  local key
+  repeat
+    local n = call('HINCRBY', K_SEQ, base, 1)
+    if n == 1 then
+      n = call('HINCRBY', K_SEQ, base, 1)
+    end
+    key = base .. '.' .. n
+  until not (staged and staged['s:' .. key]) and call('HEXISTS', K_RUN, 's:' .. key) == 0
+  return key
+end
+
 local function load_intent(key)
   local v = call('HMGET', K_RUN, 'i:' .. key, 's:' .. key)
   if not v[1] or not v[2] then

@@ -107,15 +107,7 @@ local function op_guard(o)
     if explicit or not taken then
       return base
     end
-    local key
-    repeat
-      local n = call('HINCRBY', K_SEQ, base, 1)
-      if n == 1 then
-        n = call('HINCRBY', K_SEQ, base, 1)
-      end
-      key = base .. '.' .. n
-    until call('HEXISTS', K_RUN, 's:' .. key) == 0
-    return key
+    return next_derived_key(base)
   end
 
   if refusal then
