@@ -196,13 +196,6 @@ func (b *batcher) send(s *Store, batch []*step) {
 // each run's steps in the order they came: a run's steps keep their order,
 // and each run is one group of the call.
 func byRun(steps []*step) []*step {
-	grouped := true
-	for i := 2; i < len(steps) && grouped; i++ {
-		grouped = steps[i].run == steps[i-1].run || !seenBefore(steps[:i-1], steps[i].run)
-	}
-	if grouped {
-		return steps
-	}
 	out := make([]*step, 0, len(steps))
 	taken := make([]bool, len(steps))
 	for i, st := range steps {
@@ -217,15 +210,6 @@ func byRun(steps []*step) []*step {
 		}
 	}
 	return out
-}
-
-func seenBefore(steps []*step, run string) bool {
-	for _, st := range steps {
-		if st.run == run {
-			return true
-		}
-	}
-	return false
 }
 
 // runLength is how many steps at the head of steps belong to its first's run.
