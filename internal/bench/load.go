@@ -53,7 +53,6 @@ type loadSpec struct {
 	Watch []int
 }
 
-// loadResult is what one measurement saw in its window.
 // proxyFor is connection conn's proxy URL; nil goes direct.
 func (s loadSpec) proxyFor(conn int) *url.URL {
 	if s.ProxyFor != nil {
@@ -62,6 +61,7 @@ func (s loadSpec) proxyFor(conn int) *url.URL {
 	return s.Proxy
 }
 
+// loadResult is what one measurement saw in its window.
 type loadResult struct {
 	Requests int
 	Errors   int

@@ -327,7 +327,6 @@ local function event(run, actor, kind, reason, from, to, intent)
   changed = true
 end
 
--- The intent under key, or nil.
 -- next_derived_key names the next dispatch of a derived key base used
 -- before: base.n, counted per base in K_SEQ (base itself was the first, so
 -- the count starts at 2), skipping a name already taken (an explicit key
@@ -345,6 +344,7 @@ local function next_derived_key(base, staged)
   return key
 end
 
+-- The intent under key, or nil.
 local function load_intent(key)
   local v = call('HMGET', K_RUN, 'i:' .. key, 's:' .. key)
   if not v[1] or not v[2] then
