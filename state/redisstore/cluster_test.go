@@ -69,6 +69,31 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("GuardsOfManyRunsAtOnceStayInOneSlotEach", func(t *testing.T) {
+		// On one Redis a call carries the steps of every run queued; on a
+		// cluster it must carry one run's, or the node refuses it.
+		s := open(t, url, redisstore.Options{})
+		const runs = 16
+		for i := range runs {
+			must(s.Admit(ctx, state.AdmitRequest{RunID: "many-" + strconv.Itoa(i), Actor: "t"}))(t)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, runs)
+		for i := range runs {
+			go func() {
+				<-start
+				_, err := s.Guard(ctx, guardReq("many-"+strconv.Itoa(i), "k"))
+				errs <- err
+			}()
+		}
+		close(start)
+		for range runs {
+			if err := <-errs; err != nil {
+				t.Fatalf("a guard of one of %d runs at once on a cluster: %v", runs, err)
+			}
+		}
+	})
+
 	t.Run("LostReplyIsNotRetried", func(t *testing.T) {
 		// The cluster client retries a command whose reply was lost unless
 		// the command says NoRetry: this is the case that needs it.
