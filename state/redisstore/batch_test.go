@@ -59,12 +59,7 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	stale.ObservedVersion = 7
 	late := guard("", "late", true)
 	late.NotAfter = time.Now().Add(-time.Second)
-	type step struct {
-		code byte
-		g    state.GuardRequest
-		f    state.FinishRequest
-	}
-	steps := []step{
+	steps := []batchStep{
 		{code: 'g', g: guard("", "base", false)},
 		{code: 'f', f: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}},
 		{code: 'g', g: late},
@@ -77,33 +72,141 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 		{code: 'f', f: state.FinishRequest{Key: "nothing", Attempt: 1, Outcome: state.IntentResponded, Actor: "p"}},
 		{code: 'g', g: guard("", "after", true)},
 	}
-	answer := func(run string, r reply, st step) string {
-		if st.code == 'g' {
-			req := st.g
-			req.RunID = run
-			res, err := s.guardResult(ctx, req, r)
-			return strings.ReplaceAll(fmt.Sprintf("%v %s %s %s %d %v", res.Admitted, res.Refusal, res.Intent.Key, res.Intent.State, res.Intent.Attempts, err), run, "RUN")
+	one := oneByOne(ctx, t, s, "one-by-one", steps)
+	for i, got := range batchedAnswers(ctx, t, s, batched, steps) {
+		run, j := batched[i/len(steps)], i%len(steps)
+		if got != one[j] {
+			t.Errorf("step %d of %s: batched %q, one by one %q", j, run, got, one[j])
 		}
-		req := st.f
-		req.RunID = run
-		in, err := finishResult(req, r)
-		return strings.ReplaceAll(fmt.Sprintf("%s %s %d %s %v", in.Key, in.State, in.Attempts, in.Source, err), run, "RUN")
 	}
-	argsOf := func(run string, st step) []any {
-		if st.code == 'g' {
-			req := st.g
-			req.RunID = run
-			return guardArgs(req)
-		}
-		req := st.f
-		req.RunID = run
-		return finishArgs(req)
+	for _, run := range batched {
+		sameRecords(ctx, t, s, "one-by-one", run)
 	}
+}
 
-	var one []string
+// A request repeated (a poll) names each dispatch base.n; a batch names
+// the dispatches of its guards for the whole call at once. Whatever the
+// order of its bases, a name an explicit key took first, or a step that
+// leaves the common path between them, each guard must get the name, and
+// the run the records and counters, that the general rules give one by
+// one.
+func TestBatchNamesRepeatedRequestsAsStepsOneByOne(t *testing.T) {
+	s, _ := testStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	guard := func(key string, explicit bool) batchStep {
+		return batchStep{code: 'g', g: state.GuardRequest{ObservedVersion: 1, Key: key, ExplicitKey: explicit, Boundary: state.BoundaryHTTP,
+			Method: "GET", Target: "https://api.example/poll", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p",
+			NotAfter: time.Now().Add(time.Minute)}}
+	}
+	poll := func(base string) batchStep { return guard(base, false) }
+	done := func(key string) batchStep {
+		return batchStep{code: 'f', f: state.FinishRequest{Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}}
+	}
+	stale := poll("p")
+	stale.g.ObservedVersion = 7
+	cases := []struct {
+		name   string
+		before []batchStep
+		steps  []batchStep
+		// atOnce: the call names every dispatch from its one read of the
+		// counters, and counts none one by one (HINCRBY).
+		atOnce bool
+	}{
+		{"a base used before, in a row, with outcomes between", []batchStep{poll("p"), poll("p")},
+			[]batchStep{poll("p"), done("p.3"), poll("p"), poll("p"), done("p.4")}, true},
+		{"a base new to the run, in a row", nil,
+			[]batchStep{poll("p"), poll("p"), poll("p")}, true},
+		{"a name an explicit key took is skipped", []batchStep{poll("p"), guard("p.3", true)},
+			[]batchStep{poll("p"), poll("p"), poll("p")}, false},
+		{"a base again after another", []batchStep{poll("a")},
+			[]batchStep{poll("a"), poll("b"), poll("a"), poll("a"), poll("b")}, false},
+		{"the general rules after named dispatches", []batchStep{poll("p")},
+			[]batchStep{poll("p"), poll("p"), stale, poll("p")}, false},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			one, batched := fmt.Sprintf("one-%d", i), fmt.Sprintf("batched-%d", i)
+			for _, run := range []string{one, batched} {
+				if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+					t.Fatal(err)
+				}
+				oneByOne(ctx, t, s, run, c.before)
+			}
+			want := oneByOne(ctx, t, s, one, c.steps)
+			if err := s.rdb.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for j, got := range batchedAnswers(ctx, t, s, []string{batched}, c.steps) {
+				if got != want[j] {
+					t.Errorf("step %d: batched %q, one by one %q", j, got, want[j])
+				}
+			}
+			stats := must2(s.rdb.Info(ctx, "commandstats").Result())(t)
+			if counted := strings.Contains(stats, "cmdstat_hincrby:"); c.atOnce && counted {
+				t.Errorf("the call counted dispatches one by one:\n%s", stats)
+			}
+			// The counters carry on alike: the next dispatch of each base
+			// gets the same name on both runs.
+			next := []batchStep{poll("p"), poll("a"), poll("b")}
+			if a, b := oneByOne(ctx, t, s, one, next), oneByOne(ctx, t, s, batched, next); fmt.Sprint(a) != fmt.Sprint(b) {
+				t.Errorf("the next dispatches: after one by one %q, after the batch %q", a, b)
+			}
+			var intents [2]string
+			for k, run := range []string{one, batched} {
+				for _, in := range must2(s.Intents(ctx, run))(t) {
+					intents[k] += fmt.Sprintf("%s %s; ", in.Key, in.State)
+				}
+			}
+			if intents[0] != intents[1] {
+				t.Errorf("intents: one by one %s, batched %s", intents[0], intents[1])
+			}
+		})
+	}
+}
+
+// batchStep is one step of a batch: a guard ('g') or an outcome ('f'),
+// its run left to the caller.
+type batchStep struct {
+	code byte
+	g    state.GuardRequest
+	f    state.FinishRequest
+}
+
+func (st batchStep) args(run string) []any {
+	if st.code == 'g' {
+		req := st.g
+		req.RunID = run
+		return guardArgs(req)
+	}
+	req := st.f
+	req.RunID = run
+	return finishArgs(req)
+}
+
+// answer is what a step's reply says, the run's name written RUN, so that
+// the answers of two runs compare.
+func (st batchStep) answer(ctx context.Context, s *Store, run string, r reply) string {
+	if st.code == 'g' {
+		req := st.g
+		req.RunID = run
+		res, err := s.guardResult(ctx, req, r)
+		return strings.ReplaceAll(fmt.Sprintf("%v %s %s %s %d %v", res.Admitted, res.Refusal, res.Intent.Key, res.Intent.State, res.Intent.Attempts, err), run, "RUN")
+	}
+	req := st.f
+	req.RunID = run
+	in, err := finishResult(req, r)
+	return strings.ReplaceAll(fmt.Sprintf("%s %s %d %s %v", in.Key, in.State, in.Attempts, in.Source, err), run, "RUN")
+}
+
+// oneByOne runs steps on run one at a time under the general rules alone,
+// and answers them.
+func oneByOne(ctx context.Context, t *testing.T, s *Store, run string, steps []batchStep) []string {
+	t.Helper()
+	var out []string
 	for _, st := range steps {
-		args := append([]any{1, string(st.code)}, argsOf("one-by-one", st)...)
-		v, err := generalRules.script.Run(ctx, s.scripter, keysOf("one-by-one").list(), args...).Result()
+		args := append([]any{1, string(st.code)}, st.args(run)...)
+		v, err := generalRules.script.Run(ctx, s.scripter, keysOf(run).list(), args...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,38 +214,41 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		one = append(one, answer("one-by-one", r, st))
+		out = append(out, st.answer(ctx, s, run, r))
 	}
-	args := []any{len(batched)}
+	return out
+}
+
+// batchedAnswers runs steps on each of runs in one call of the batch
+// program, a group per run, and answers them, run after run.
+func batchedAnswers(ctx context.Context, t *testing.T, s *Store, runs []string, steps []batchStep) []string {
+	t.Helper()
+	args := []any{len(runs)}
 	var keys []string
-	for _, run := range batched {
+	for _, run := range runs {
 		keys = append(keys, keysOf(run).list()...)
 		args = append(args, len(steps))
 		for _, st := range steps {
 			args = append(args, string(st.code))
-			args = append(args, argsOf(run, st)...)
+			args = append(args, st.args(run)...)
 		}
 	}
 	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(v.([]any)); n != len(batched)*len(steps) {
-		t.Fatalf("%d answers for %d steps", n, len(batched)*len(steps))
+	if n := len(v.([]any)); n != len(runs)*len(steps) {
+		t.Fatalf("%d answers for %d steps", n, len(runs)*len(steps))
 	}
+	var out []string
 	for i, x := range v.([]any) {
 		r, err := parseReply(x)
 		if err != nil {
 			t.Fatal(err)
 		}
-		run, j := batched[i/len(steps)], i%len(steps)
-		if got := answer(run, r, steps[j]); got != one[j] {
-			t.Errorf("step %d of %s: batched %q, one by one %q", j, run, got, one[j])
-		}
+		out = append(out, steps[i%len(steps)].answer(ctx, s, runs[i/len(steps)], r))
 	}
-	for _, run := range batched {
-		sameRecords(ctx, t, s, "one-by-one", run)
-	}
+	return out
 }
 
 // sameRecords checks that runs a and b hold the same row, intents and

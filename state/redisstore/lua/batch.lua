@@ -23,6 +23,53 @@
 -- that: what is staged is written, and it and every step after it run one
 -- by one (op_guard, op_finish), each reading afresh.
 
+-- derived_names reads the names that the guards of each base (guards: by
+-- the index of its field s:BASE in fields, how many guards in a row name
+-- it) would take if each were that base again (base.n, see
+-- next_derived_key): base -> list of names in order, for bases whose names
+-- are all free (in the run and in view). The second result is for the
+-- caller to count the names taken, by base; the third is each listed
+-- base's counter as read. The first is nil when no guard may need one.
+local function derived_names(fields, guards, view)
+  local need, wanted = {}, {}
+  for i, k in pairs(guards) do
+    local f = fields[i]
+    if not view[f] then
+      -- The first guard of a base not used before takes base itself.
+      k = k - 1
+    end
+    if k > 0 then
+      need[#need + 1] = string.sub(f, 3)
+      wanted[#need] = k
+    end
+  end
+  if #need == 0 then
+    return nil, {}, {}
+  end
+  local seq = call('HMGET', K_SEQ, unpack(need))
+  local names, seq_at, fields, of = {}, {}, {}, {}
+  for i, base in ipairs(need) do
+    -- A counter not kept yet stands at 1: base itself was the first.
+    local at = tonumber(seq[i]) or 1
+    seq_at[base] = at
+    local list = {}
+    for k = 1, wanted[i] do
+      local name = base .. '.' .. int(at + k)
+      list[k] = name
+      fields[#fields + 1] = 's:' .. name
+      of[#fields] = base
+    end
+    names[base] = list
+  end
+  local held = call('HMGET', K_RUN, unpack(fields))
+  for i, f in ipairs(fields) do
+    if held[i] or view[f] then
+      names[of[i]] = nil
+    end
+  end
+  return names, {}, seq_at
+end
+
 -- run_steps runs the n steps of the run whose keys are set, the first
 -- step's code at ARGV[first], and answers them in order.
 local function run_steps(first, n)
@@ -31,9 +78,21 @@ local function run_steps(first, n)
 
   local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}
   local o = first
+  -- The guards' bases: the field s:BASE of each, and by its index how many
+  -- guards in a row name it. The same request again names the same base,
+  -- one field for them all. (A base named again after another is asked
+  -- again; its later guards are then named one by one.)
+  local guards, last, last_at = {}, nil, 0
   for _ = 1, n do
     if ARGV[o] == 'g' then
-      fields[#fields + 1] = 's:' .. ARGV[o + 3]
+      local base = ARGV[o + 3]
+      if base == last then
+        guards[last_at] = guards[last_at] + 1
+      else
+        fields[#fields + 1] = 's:' .. base
+        last, last_at = base, #fields
+        guards[last_at] = 1
+      end
       o = o + 14
     else
       fields[#fields + 1] = 's:' .. ARGV[o + 2]
@@ -105,6 +164,18 @@ local function run_steps(first, n)
   local now_s = int(now)
   local common = status == 'ACTIVE' and view.o ~= nil
 
+  -- The names this call's guards of a derived base may take (base.n, see
+  -- next_derived_key), read for all of them at once: two reads and, with the
+  -- other writes, one write of the counters (K_SEQ) for the call, where
+  -- naming each dispatch alone costs two commands. A poll repeats its
+  -- request, so on its run nearly every guard is named so. A base whose
+  -- next names are not all free (an explicit key that looks derived took
+  -- one) is named one dispatch at a time, as the general rules do.
+  local names, named, seq_at
+  if common then
+    names, named, seq_at = derived_names(fields, guards, view)
+  end
+
   -- A step on the common path is ok and changed, with no code or detail: it
   -- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
   -- for a guard (the row's status and version, as op_guard's answer has
@@ -128,9 +199,16 @@ local function run_steps(first, n)
       else
         local key = base
         if view['s:' .. base] then
-          -- A derived base used before (the same request again); a name
-          -- this batch staged is taken too.
-          key = next_derived_key(base, view)
+          -- A derived base used before (the same request again).
+          local list = names and names[base]
+          local at_n = (named[base] or 0) + 1
+          if list and list[at_n] then
+            key = list[at_n]
+            named[base] = at_n
+          else
+            -- A name this batch staged is taken too.
+            key = next_derived_key(base, view)
+          end
         end
         local ord_n = (moved.o or tonumber(view.o)) + 1
         moved.o = ord_n
@@ -182,6 +260,16 @@ local function run_steps(first, n)
     end
     hset[#hset + 1] = 't'
     hset[#hset + 1] = now_s
+    if names then
+      local seq = {'HSET', K_SEQ}
+      for base, used in pairs(named) do
+        seq[#seq + 1] = base
+        seq[#seq + 1] = int(seq_at[base] + used)
+      end
+      if #seq > 2 then
+        call(unpack(seq))
+      end
+    end
     flush()
   end
 
