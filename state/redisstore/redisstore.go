@@ -225,9 +225,10 @@ func unavailable(err error) bool {
 	return false
 }
 
-// reply is what every per-run script answers (lua/prelude.lua, reply; a
-// step on the batch's common path in a flat form, lua/batch.lua): one RESP
-// array, so that neither side encodes or parses JSON on the hot path.
+// reply is what every per-run script answers (lua/prelude.lua, reply): one
+// RESP array, or for a step on the batch's common path one string
+// (lua/batch.lua, parseCommon), so that neither side encodes or parses JSON
+// on the hot path.
 type reply struct {
 	// result is ok, refused, conflict, notfound or late.
 	result string
@@ -255,21 +256,11 @@ func (k *keyedRecord) intent(runID string) (state.Intent, error) {
 }
 
 func parseReply(v any) (reply, error) {
+	if common, ok := v.(string); ok {
+		return parseCommon(common)
+	}
 	a, ok := v.([]any)
 	str := func(x any) string { s, _ := x.(string); return s }
-	if ok && len(a) >= 4 {
-		// A step on the batch's common path (lua/batch.lua) answers one
-		// flat array: ok and changed, no code or detail, the record, and
-		// for an admitted guard the row's status and version.
-		switch res := str(a[0]); {
-		case res == "admitted" && len(a) == 6, res == "recorded" && len(a) == 4:
-			r := reply{result: "ok", changed: true, intent: &keyedRecord{key: str(a[1]), imm: str(a[2]), mut: str(a[3])}}
-			if res == "admitted" {
-				r.row = map[string]string{"status": str(a[4]), "v": str(a[5])}
-			}
-			return r, nil
-		}
-	}
 	if ok && len(a) == 2 && a[0] == "failed" {
 		// The batch program's steps of this run failed (an error inside
 		// them); the other runs' steps of the call are answered.
@@ -303,6 +294,42 @@ func parseReply(v any) (reply, error) {
 		if k, ok := keyed(x); ok {
 			r.more = append(r.more, k)
 		}
+	}
+	return r, nil
+}
+
+// parseCommon reads the answer of a step on the batch's common path
+// (lua/batch.lua): ok and changed, no code or detail, one string. Its first
+// line is "admitted status version key" for a guard (the row's status and
+// version) or "recorded key" for an outcome; the record's two fields
+// follow, i:KEY in four lines, then s:KEY.
+func parseCommon(s string) (reply, error) {
+	bad := func() (reply, error) {
+		return reply{}, fmt.Errorf("the batch program answered %.80q, not a step's record", s)
+	}
+	head, rest, ok := strings.Cut(s, "\n")
+	if !ok {
+		return bad()
+	}
+	// i:KEY is its first four lines.
+	end := -1
+	for range 4 {
+		i := strings.IndexByte(rest[end+1:], '\n')
+		if i < 0 {
+			return bad()
+		}
+		end += i + 1
+	}
+	r := reply{result: "ok", changed: true, intent: &keyedRecord{imm: rest[:end], mut: rest[end+1:]}}
+	var f [4]string
+	switch {
+	case cut(head, ' ', f[:]) && f[0] == "admitted":
+		r.row = map[string]string{"status": f[1], "v": f[2]}
+		r.intent.key = f[3]
+	case cut(head, ' ', f[:2]) && f[0] == "recorded":
+		r.intent.key = f[1]
+	default:
+		return bad()
 	}
 	return r, nil
 }

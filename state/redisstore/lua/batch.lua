@@ -177,11 +177,14 @@ local function run_steps(first, n)
   end
 
   -- A step on the common path is ok and changed, with no code or detail: it
-  -- answers one flat array, {'admitted', key, i:KEY, s:KEY, status, version}
-  -- for a guard (the row's status and version, as op_guard's answer has
-  -- them) and {'recorded', key, i:KEY, s:KEY} for an outcome, where reply
-  -- makes two or three tables, each of which Redis walks, with a look-up for
-  -- every kind of answer a table may stand for, to answer.
+  -- answers one string, "admitted status version key" for a guard (the
+  -- row's status and version, as op_guard's answer has them) or "recorded
+  -- key" for an outcome, then a line each, i:KEY (four lines) and s:KEY.
+  -- A key is printable ASCII without spaces and the records' texts are
+  -- escaped, so the lines read back unambiguously. reply makes two or three
+  -- tables, and even one flat table costs Redis a walk, with a look-up for
+  -- every kind of answer a table may stand for, and a string for each
+  -- element; one string is one concatenation here.
   o = first
   local j = 1
   while common and j <= n do
@@ -223,7 +226,7 @@ local function run_steps(first, n)
         zadd[#zadd + 1] = '-' .. lease_s
         zadd[#zadd + 1] = key
         entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
-        out[j] = {'admitted', key, imm, mut, status, ver}
+        out[j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
       end
       o = o + 14
     else
@@ -247,7 +250,7 @@ local function run_steps(first, n)
       zrem[#zrem + 1] = key
       entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
         esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
-      out[j] = {'recorded', key, view['i:' .. key], mut}
+      out[j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
       o = o + 8
     end
     j = j + 1
