@@ -23,9 +23,9 @@
 -- that: what is staged is written, and it and every step after it run one
 -- by one (op_guard, op_finish), each reading afresh.
 
--- derived_names reads the names that the guards of each base (guards: by
--- the index of its field s:BASE in fields, how many guards in a row name
--- it) would take if each were that base again (base.n, see
+-- derived_names reads the names that the guards of each base named in a
+-- row (guards: by the index of its field s:BASE in fields, how many guards
+-- in a row name it) would take if each were that base again (base.n, see
 -- next_derived_key): base -> list of names in order, for bases whose names
 -- are all free (in the run and in view). The second result is for the
 -- caller to count the names taken, by base; the third is each listed
@@ -76,27 +76,37 @@ local function run_steps(first, n)
   local at = server_ms()
   local out = {}
 
-  local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN', 'n:NOT_APPLIED'}
+  -- The row's fields the steps read: status, ordinal, version, last time,
+  -- and the counts the common steps move, IN_FLIGHT's and each outcome's
+  -- the steps name. Each element of HMGET's answer costs Lua a string and
+  -- a table slot, about as much as a short step's own work.
+  local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
+  local counted = {['n:IN_FLIGHT'] = true}
   local o = first
-  -- The guards' bases: the field s:BASE of each, and by its index how many
-  -- guards in a row name it. The same request again names the same base,
-  -- one field for them all. (A base named again after another is asked
-  -- again; its later guards are then named one by one.)
-  local guards, last, last_at = {}, nil, 0
+  -- The guards' bases: the field s:BASE of each, and by its index, for a
+  -- base that guards name in a row, how many do. The same request again
+  -- names the same base, one field for them all. (A base named again after
+  -- another is asked again; its later guards are then named one by one.)
+  local guards, last, last_at = nil, nil, 0
   for _ = 1, n do
     if ARGV[o] == 'g' then
       local base = ARGV[o + 3]
       if base == last then
-        guards[last_at] = guards[last_at] + 1
+        guards = guards or {}
+        guards[last_at] = (guards[last_at] or 1) + 1
       else
         fields[#fields + 1] = 's:' .. base
         last, last_at = base, #fields
-        guards[last_at] = 1
       end
       o = o + 14
     else
       fields[#fields + 1] = 's:' .. ARGV[o + 2]
       fields[#fields + 1] = 'i:' .. ARGV[o + 2]
+      local count = 'n:' .. ARGV[o + 4]
+      if not counted[count] then
+        counted[count] = true
+        fields[#fields + 1] = count
+      end
       o = o + 8
     end
   end
@@ -164,15 +174,16 @@ local function run_steps(first, n)
   local now_s = int(now)
   local common = status == 'ACTIVE' and view.o ~= nil
 
-  -- The names this call's guards of a derived base may take (base.n, see
-  -- next_derived_key), read for all of them at once: two reads and, with the
-  -- other writes, one write of the counters (K_SEQ) for the call, where
-  -- naming each dispatch alone costs two commands. A poll repeats its
-  -- request, so on its run nearly every guard is named so. A base whose
-  -- next names are not all free (an explicit key that looks derived took
-  -- one) is named one dispatch at a time, as the general rules do.
+  -- The names this call's guards of a derived base named in a row may take
+  -- (base.n, see next_derived_key), read for all of them at once: two reads
+  -- and, with the other writes, one write of the counters (K_SEQ) for the
+  -- call, where naming each dispatch alone costs two commands. A poll
+  -- repeats its request, so on its run most guards of a call are named so.
+  -- A base named once in the call (three commands would not beat two), or
+  -- whose next names are not all free (an explicit key that looks derived
+  -- took one), is named one dispatch at a time, as the general rules do.
   local names, named, seq_at
-  if common then
+  if common and guards then
     names, named, seq_at = derived_names(fields, guards, view)
   end
 
@@ -204,7 +215,7 @@ local function run_steps(first, n)
         if view['s:' .. base] then
           -- A derived base used before (the same request again).
           local list = names and names[base]
-          local at_n = (named[base] or 0) + 1
+          local at_n = list and (named[base] or 0) + 1
           if list and list[at_n] then
             key = list[at_n]
             named[base] = at_n
