@@ -119,6 +119,80 @@ func BenchmarkGuardFinishManyRuns(b *testing.B) {
 	})
 }
 
+// BenchmarkBatchCall is the batch program alone, in calls of the same
+// shape every time, so that what Redis does per request can be counted
+// exactly (scripts/redis-instructions runs it under callgrind); an op is a
+// guarded request, its guard and its outcome:
+//   - "a step a call": the guard is one call, its outcome the next, as one
+//     connection makes them;
+//   - "20 requests a call": each call holds 20 new guards and the outcomes
+//     of the previous call's 20, as 64 connections make them;
+//   - "20 requests a call, the same one": as a poll, every guard of the
+//     same derived base.
+func BenchmarkBatchCall(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		per  int
+		same bool
+	}{
+		{"a step a call", 1, false},
+		{"20 requests a call", 20, false},
+		{"20 requests a call, the same one", 20, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := context.Background()
+			var inFlight []string
+			measureRedis(b, "everysec", 1, func(s *redisstore.Store, i int) {
+				if i%bc.per != 0 {
+					return // this request's steps went in an earlier call
+				}
+				var guards []redisstore.BatchStep
+				for k := range bc.per {
+					base := fmt.Sprintf("d-0123456789abcdef%08d", i+k)
+					if bc.same {
+						base = "d-0123456789abcdef01234567"
+					}
+					guards = append(guards, redisstore.BatchStep{Guard: &state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
+						Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
+						LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
+						NotAfter: time.Now().Add(benchTimeout())}})
+				}
+				if i == 0 {
+					// A fresh server (measureRedis's warm-up): the run is
+					// admitted by its first guard, on its own.
+					inFlight = nil
+					g := *guards[0].Guard
+					g.RunID = "bench"
+					if _, err := s.Guard(ctx, g); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var outcomes []redisstore.BatchStep
+				for _, key := range inFlight {
+					outcomes = append(outcomes, redisstore.BatchStep{Finish: state.FinishRequest{Key: key, Attempt: 1,
+						Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
+				}
+				var err error
+				if bc.per == 1 {
+					inFlight, err = s.CallBatch(ctx, "bench", guards)
+					for k := 0; err == nil && k < len(outcomes); k++ {
+						_, err = s.CallBatch(ctx, "bench", outcomes[k:k+1])
+					}
+				} else {
+					var keys []string
+					keys, err = s.CallBatch(ctx, "bench", append(guards, outcomes...))
+					if err == nil {
+						inFlight = keys[:len(guards)]
+					}
+				}
+				if err != nil {
+					b.Fatalf("request %d: %v", i, err)
+				}
+			})
+		})
+	}
+}
+
 // procCPU is the user and system time the process has used.
 func procCPU(tb testing.TB, pid int) time.Duration {
 	tb.Helper()
