@@ -59,18 +59,18 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	stale.ObservedVersion = 7
 	late := guard("", "late", true)
 	late.NotAfter = time.Now().Add(-time.Second)
-	steps := []batchStep{
-		{code: 'g', g: guard("", "base", false)},
-		{code: 'f', f: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}},
-		{code: 'g', g: late},
-		{code: 'g', g: guard("", "new", true)},
-		{code: 'f', f: state.FinishRequest{Key: "b", Attempt: 1, Outcome: state.IntentNotApplied, Source: state.SourceSafeMethod, Reason: "cut", Actor: "p"}},
-		{code: 'g', g: guard("", "base", false)},                                                            // the same derived base again: base.2
-		{code: 'f', f: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentNotSent, Actor: "p"}}, // not in flight any more
-		{code: 'g', g: guard("", "seen", true)},                                                             // in progress
-		{code: 'g', g: stale},
-		{code: 'f', f: state.FinishRequest{Key: "nothing", Attempt: 1, Outcome: state.IntentResponded, Actor: "p"}},
-		{code: 'g', g: guard("", "after", true)},
+	steps := []BatchStep{
+		{Code: 'g', Guard: guard("", "base", false)},
+		{Code: 'f', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}},
+		{Code: 'g', Guard: late},
+		{Code: 'g', Guard: guard("", "new", true)},
+		{Code: 'f', Finish: state.FinishRequest{Key: "b", Attempt: 1, Outcome: state.IntentNotApplied, Source: state.SourceSafeMethod, Reason: "cut", Actor: "p"}},
+		{Code: 'g', Guard: guard("", "base", false)},                                                             // the same derived base again: base.2
+		{Code: 'f', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentNotSent, Actor: "p"}}, // not in flight any more
+		{Code: 'g', Guard: guard("", "seen", true)},                                                              // in progress
+		{Code: 'g', Guard: stale},
+		{Code: 'f', Finish: state.FinishRequest{Key: "nothing", Attempt: 1, Outcome: state.IntentResponded, Actor: "p"}},
+		{Code: 'g', Guard: guard("", "after", true)},
 	}
 	one := oneByOne(ctx, t, s, "one-by-one", steps)
 	for i, got := range batchedAnswers(ctx, t, s, batched, steps) {
@@ -94,35 +94,35 @@ func TestBatchNamesRepeatedRequestsAsStepsOneByOne(t *testing.T) {
 	s, _ := testStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	guard := func(key string, explicit bool) batchStep {
-		return batchStep{code: 'g', g: state.GuardRequest{ObservedVersion: 1, Key: key, ExplicitKey: explicit, Boundary: state.BoundaryHTTP,
+	guard := func(key string, explicit bool) BatchStep {
+		return BatchStep{Code: 'g', Guard: state.GuardRequest{ObservedVersion: 1, Key: key, ExplicitKey: explicit, Boundary: state.BoundaryHTTP,
 			Method: "GET", Target: "https://api.example/poll", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p",
 			NotAfter: time.Now().Add(time.Minute)}}
 	}
-	poll := func(base string) batchStep { return guard(base, false) }
-	done := func(key string) batchStep {
-		return batchStep{code: 'f', f: state.FinishRequest{Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}}
+	poll := func(base string) BatchStep { return guard(base, false) }
+	done := func(key string) BatchStep {
+		return BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}}
 	}
 	stale := poll("p")
-	stale.g.ObservedVersion = 7
+	stale.Guard.ObservedVersion = 7
 	cases := []struct {
 		name   string
-		before []batchStep
-		steps  []batchStep
+		before []BatchStep
+		steps  []BatchStep
 		// atOnce: the call names every dispatch from its one read of the
 		// counters, and counts none one by one (HINCRBY).
 		atOnce bool
 	}{
-		{"a base used before, in a row, with outcomes between", []batchStep{poll("p"), poll("p")},
-			[]batchStep{poll("p"), done("p.3"), poll("p"), poll("p"), done("p.4")}, true},
+		{"a base used before, in a row, with outcomes between", []BatchStep{poll("p"), poll("p")},
+			[]BatchStep{poll("p"), done("p.3"), poll("p"), poll("p"), done("p.4")}, true},
 		{"a base new to the run, in a row", nil,
-			[]batchStep{poll("p"), poll("p"), poll("p")}, true},
-		{"a name an explicit key took is skipped", []batchStep{poll("p"), guard("p.3", true)},
-			[]batchStep{poll("p"), poll("p"), poll("p")}, false},
-		{"a base again after another", []batchStep{poll("a")},
-			[]batchStep{poll("a"), poll("b"), poll("a"), poll("a"), poll("b")}, false},
-		{"the general rules after named dispatches", []batchStep{poll("p")},
-			[]batchStep{poll("p"), poll("p"), stale, poll("p")}, false},
+			[]BatchStep{poll("p"), poll("p"), poll("p")}, true},
+		{"a name an explicit key took is skipped", []BatchStep{poll("p"), guard("p.3", true)},
+			[]BatchStep{poll("p"), poll("p"), poll("p")}, false},
+		{"a base again after another", []BatchStep{poll("a")},
+			[]BatchStep{poll("a"), poll("b"), poll("a"), poll("a"), poll("b")}, false},
+		{"the general rules after named dispatches", []BatchStep{poll("p")},
+			[]BatchStep{poll("p"), poll("p"), stale, poll("p")}, false},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -148,7 +148,7 @@ func TestBatchNamesRepeatedRequestsAsStepsOneByOne(t *testing.T) {
 			}
 			// The counters carry on alike: the next dispatch of each base
 			// gets the same name on both runs.
-			next := []batchStep{poll("p"), poll("a"), poll("b")}
+			next := []BatchStep{poll("p"), poll("a"), poll("b")}
 			if a, b := oneByOne(ctx, t, s, one, next), oneByOne(ctx, t, s, batched, next); fmt.Sprint(a) != fmt.Sprint(b) {
 				t.Errorf("the next dispatches: after one by one %q, after the batch %q", a, b)
 			}
@@ -165,35 +165,16 @@ func TestBatchNamesRepeatedRequestsAsStepsOneByOne(t *testing.T) {
 	}
 }
 
-// batchStep is one step of a batch: a guard ('g') or an outcome ('f'),
-// its run left to the caller.
-type batchStep struct {
-	code byte
-	g    state.GuardRequest
-	f    state.FinishRequest
-}
-
-func (st batchStep) args(run string) []any {
-	if st.code == 'g' {
-		req := st.g
-		req.RunID = run
-		return guardArgs(req)
-	}
-	req := st.f
-	req.RunID = run
-	return finishArgs(req)
-}
-
 // answer is what a step's reply says, the run's name written RUN, so that
 // the answers of two runs compare.
-func (st batchStep) answer(ctx context.Context, s *Store, run string, r reply) string {
-	if st.code == 'g' {
-		req := st.g
+func (st BatchStep) answer(ctx context.Context, s *Store, run string, r reply) string {
+	if st.Code == 'g' {
+		req := st.Guard
 		req.RunID = run
 		res, err := s.guardResult(ctx, req, r)
 		return strings.ReplaceAll(fmt.Sprintf("%v %s %s %s %d %v", res.Admitted, res.Refusal, res.Intent.Key, res.Intent.State, res.Intent.Attempts, err), run, "RUN")
 	}
-	req := st.f
+	req := st.Finish
 	req.RunID = run
 	in, err := finishResult(req, r)
 	return strings.ReplaceAll(fmt.Sprintf("%s %s %d %s %v", in.Key, in.State, in.Attempts, in.Source, err), run, "RUN")
@@ -201,11 +182,11 @@ func (st batchStep) answer(ctx context.Context, s *Store, run string, r reply) s
 
 // oneByOne runs steps on run one at a time under the general rules alone,
 // and answers them.
-func oneByOne(ctx context.Context, t *testing.T, s *Store, run string, steps []batchStep) []string {
+func oneByOne(ctx context.Context, t *testing.T, s *Store, run string, steps []BatchStep) []string {
 	t.Helper()
 	var out []string
 	for _, st := range steps {
-		args := append([]any{1, string(st.code)}, st.args(run)...)
+		args := append([]any{1, string(st.Code)}, st.args(run)...)
 		v, err := generalRules.script.Run(ctx, s.scripter, keysOf(run).list(), args...).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -221,18 +202,9 @@ func oneByOne(ctx context.Context, t *testing.T, s *Store, run string, steps []b
 
 // batchedAnswers runs steps on each of runs in one call of the batch
 // program, a group per run, and answers them, run after run.
-func batchedAnswers(ctx context.Context, t *testing.T, s *Store, runs []string, steps []batchStep) []string {
+func batchedAnswers(ctx context.Context, t *testing.T, s *Store, runs []string, steps []BatchStep) []string {
 	t.Helper()
-	args := []any{len(runs)}
-	var keys []string
-	for _, run := range runs {
-		keys = append(keys, keysOf(run).list()...)
-		args = append(args, len(steps))
-		for _, st := range steps {
-			args = append(args, string(st.code))
-			args = append(args, st.args(run)...)
-		}
-	}
+	keys, args := callArgs(runs, steps)
 	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)

@@ -152,7 +152,7 @@ func BenchmarkBatchCall(b *testing.B) {
 					if bc.same {
 						base = "d-0123456789abcdef01234567"
 					}
-					guards = append(guards, redisstore.BatchStep{Guard: &state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
+					guards = append(guards, redisstore.BatchStep{Code: 'g', Guard: state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
 						Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
 						LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
 						NotAfter: time.Now().Add(benchTimeout())}})
@@ -161,7 +161,7 @@ func BenchmarkBatchCall(b *testing.B) {
 					// A fresh server (measureRedis's warm-up): the run is
 					// admitted by its first guard, on its own.
 					inFlight = nil
-					g := *guards[0].Guard
+					g := guards[0].Guard
 					g.RunID = "bench"
 					if _, err := s.Guard(ctx, g); err != nil {
 						b.Fatal(err)
@@ -169,7 +169,7 @@ func BenchmarkBatchCall(b *testing.B) {
 				}
 				var outcomes []redisstore.BatchStep
 				for _, key := range inFlight {
-					outcomes = append(outcomes, redisstore.BatchStep{Finish: state.FinishRequest{Key: key, Attempt: 1,
+					outcomes = append(outcomes, redisstore.BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1,
 						Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
 				}
 				var err error

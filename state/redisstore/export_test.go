@@ -26,31 +26,47 @@ const PruneGrace = pruneGrace
 // or as scripts.
 func (s *Store) Functions() bool { return s.fns.on() }
 
-// BatchStep is one step of a call of the batch program: a guard or, when
-// Guard is nil, an outcome.
+// BatchStep is one step of a call of the batch program: a guard (Code
+// 'g') or an outcome ('f'), its run left to the call.
 type BatchStep struct {
-	Guard  *state.GuardRequest
+	Code   byte
+	Guard  state.GuardRequest
 	Finish state.FinishRequest
 }
 
-// CallBatch sends steps, all of runID, as one call of the batch program,
-// as the batcher would have joined them, and returns each step's intent
-// key: a benchmark that needs calls of one shape, every time, makes them
-// so.
-func (s *Store) CallBatch(ctx context.Context, runID string, steps []BatchStep) ([]string, error) {
-	args := []any{1, len(steps)}
-	for _, st := range steps {
-		if st.Guard != nil {
-			g := *st.Guard
-			g.RunID = runID
-			args = append(append(args, "g"), guardArgs(g)...)
-			continue
-		}
-		f := st.Finish
-		f.RunID = runID
-		args = append(append(args, "f"), finishArgs(f)...)
+// args are the step's arguments after its code, for run.
+func (st BatchStep) args(run string) []any {
+	if st.Code == 'g' {
+		req := st.Guard
+		req.RunID = run
+		return guardArgs(req)
 	}
-	v, err := s.exec(ctx, batchProgram, keysOf(runID).list(), args...).Result()
+	req := st.Finish
+	req.RunID = run
+	return finishArgs(req)
+}
+
+// callArgs are the KEYS and ARGV of one call of the batch program holding
+// steps for each of runs, a group per run, as the batcher joins them.
+func callArgs(runs []string, steps []BatchStep) ([]string, []any) {
+	var keys []string
+	args := []any{len(runs)}
+	for _, run := range runs {
+		keys = append(keys, keysOf(run).list()...)
+		args = append(args, len(steps))
+		for _, st := range steps {
+			args = append(append(args, string(st.Code)), st.args(run)...)
+		}
+	}
+	return keys, args
+}
+
+// CallBatch sends steps, all of runID, as one call of the batch program,
+// and returns each step's intent key: a benchmark that needs calls of one
+// shape, every time, makes them so.
+func (s *Store) CallBatch(ctx context.Context, runID string, steps []BatchStep) ([]string, error) {
+	keys, args := callArgs([]string{runID}, steps)
+	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +74,7 @@ func (s *Store) CallBatch(ctx context.Context, runID string, steps []BatchStep) 
 	if !ok || len(answers) != len(steps) {
 		return nil, errBatchReply
 	}
-	keys := make([]string, len(steps))
+	out := make([]string, len(steps))
 	for i, a := range answers {
 		r, err := parseReply(a)
 		if err != nil {
@@ -67,7 +83,7 @@ func (s *Store) CallBatch(ctx context.Context, runID string, steps []BatchStep) 
 		if r.result != "ok" || r.intent == nil {
 			return nil, fmt.Errorf("step %d answered %s %s", i, r.result, r.code)
 		}
-		keys[i] = r.intent.key
+		out[i] = r.intent.key
 	}
-	return keys, nil
+	return out, nil
 }

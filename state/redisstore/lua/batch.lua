@@ -27,9 +27,8 @@
 -- row (guards: by the index of its field s:BASE in fields, how many guards
 -- in a row name it) would take if each were that base again (base.n, see
 -- next_derived_key): base -> list of names in order, for bases whose names
--- are all free (in the run and in view). The second result is for the
--- caller to count the names taken, by base; the third is each listed
--- base's counter as read. The first is nil when no guard may need one.
+-- are all free (in the run and in view), and each listed base's counter as
+-- read; nil when no guard may need one.
 local function derived_names(fields, guards, view)
   local need, wanted = {}, {}
   for i, k in pairs(guards) do
@@ -44,7 +43,7 @@ local function derived_names(fields, guards, view)
     end
   end
   if #need == 0 then
-    return nil, {}, {}
+    return nil
   end
   local seq = call('HMGET', K_SEQ, unpack(need))
   local names, seq_at, fields, of = {}, {}, {}, {}
@@ -67,7 +66,7 @@ local function derived_names(fields, guards, view)
       names[of[i]] = nil
     end
   end
-  return names, {}, seq_at
+  return names, seq_at
 end
 
 -- run_steps runs the n steps of the run whose keys are set, the first
@@ -182,9 +181,11 @@ local function run_steps(first, n)
   -- A base named once in the call (three commands would not beat two), or
   -- whose next names are not all free (an explicit key that looks derived
   -- took one), is named one dispatch at a time, as the general rules do.
-  local names, named, seq_at
+  local names, seq_at, named
   if common and guards then
-    names, named, seq_at = derived_names(fields, guards, view)
+    names, seq_at = derived_names(fields, guards, view)
+    -- How many of each base's names the steps took.
+    named = {}
   end
 
   -- A step on the common path is ok and changed, with no code or detail: it
