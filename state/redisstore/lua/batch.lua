@@ -14,14 +14,16 @@
 -- answered as if alone.
 --
 -- The common case is written out once more, for the steps of a run: the
--- row and every record the steps name are read in one HMGET; each step on
--- the common path (a new effect admitted on an ACTIVE run, the same request
--- again included, or its outcome) is decided against that view, which
--- takes its changes, and adds its event; their writes go out together at
--- the end, one HSET, one ZADD, one ZREM, and their events as one entry of
--- the audit stream (one XADD). The first step off the common path ends
--- that: what is staged is written, and it and every step after it run one
--- by one (op_guard, op_finish), each reading afresh.
+-- row's fields they need and every record they name are read in one HMGET
+-- (and, for a request repeated in a row, the names of its dispatches in two
+-- more, derived_names); each step on the common path (a new effect
+-- admitted on an ACTIVE run, the same request again included, or its
+-- outcome) is decided against that view, which takes its changes, and adds
+-- its event; their writes go out together at the end, one HSET (and one of
+-- the dispatch counters), one ZADD, one ZREM, and their events as one
+-- entry of the audit stream (one XADD). The first step off the common path
+-- ends that: what is staged is written, and it and every step after it run
+-- one by one (op_guard, op_finish), each reading afresh.
 
 -- derived_names reads the names that the guards of each base named in a
 -- row (guards: by the index of its field s:BASE in fields, how many guards
