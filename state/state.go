@@ -426,6 +426,17 @@ type Store interface {
 	// Finish records the outcome of an IN_FLIGHT intent (or a late RESPONDED
 	// for one that a deadline turned UNKNOWN), then finalizes the run.
 	Finish(ctx context.Context, req FinishRequest) (Intent, error)
+	// FinishLater records the outcome as Finish does, without making the
+	// caller wait: the step is queued now and rides with this store's next
+	// write (a guard, say), or is written on its own within
+	// OutcomeDelay. Every step this Store is asked for afterwards is
+	// ordered after it, every read of this Store waits for it, and Close
+	// writes it; another instance may read the intent IN_FLIGHT until it
+	// is written. done is called once with what Finish would have
+	// answered, on the goroutine that wrote the step (before FinishLater
+	// returns for a request that is not valid): it must be quick and
+	// must not call the store.
+	FinishLater(ctx context.Context, req FinishRequest, done func(Intent, error))
 	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
 	// finalizes the run.
 	Resolve(ctx context.Context, req ResolveRequest) (Intent, error)
@@ -469,6 +480,13 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
+
+// OutcomeDelay bounds how long an outcome queued by FinishLater waits for
+// another write to ride with before it is written on its own. It is short
+// against anything an operator reads, and longer than the gap between one
+// connection's answer and its next request, so that the outcome and the
+// next guard share one write.
+const OutcomeDelay = 2 * time.Millisecond
 
 // DefaultTimeout bounds one store call on a request's path when the
 // operator sets none: past it the store counts as down and the caller fails

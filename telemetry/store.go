@@ -77,6 +77,14 @@ func (m *measured) Finish(ctx context.Context, req state.FinishRequest) (state.I
 	return out, err
 }
 
+func (m *measured) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+	start := time.Now()
+	m.Store.FinishLater(ctx, req, func(out state.Intent, err error) {
+		m.observe("outcome", start, err)
+		done(out, err)
+	})
+}
+
 func (m *measured) Resolve(ctx context.Context, req state.ResolveRequest) (state.Intent, error) {
 	start := time.Now()
 	out, err := m.Store.Resolve(ctx, req)

@@ -178,3 +178,60 @@ func TestGroupCommitSharesTheRowOfARun(t *testing.T) {
 		t.Fatalf("row after the commit: %+v %v", r, err)
 	}
 }
+
+// A read waits for an outcome queued by FinishLater even once that outcome
+// has left the queue for a commit still under way: a bbolt read begun
+// before the commit ends would not see it.
+func TestReadWaitsForAnOutcomeInTheCommitUnderWay(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{Logger: slog.New(slog.DiscardHandler), OutcomeDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
+	if err != nil || !g.Admitted {
+		t.Fatalf("guard: %+v %v", g, err)
+	}
+	answered := make(chan error, 1)
+	s.FinishLater(ctx, state.FinishRequest{RunID: "r", Key: "k", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"},
+		func(_ state.Intent, err error) { answered <- err })
+
+	// A step behind it leads a commit that carries both, and holds it.
+	inCommit, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) }) // before Close, which waits for the commit
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = s.update(ctx, "hold", func(*txn) error {
+			close(inCommit)
+			<-release
+			return nil
+		})
+	})
+	<-inCommit
+	read := make(chan state.Intent, 1)
+	wg.Go(func() {
+		in, err := s.Intent(ctx, "r", "k")
+		if err != nil {
+			t.Error(err)
+		}
+		read <- in
+	})
+	select {
+	case in := <-read:
+		t.Fatalf("a read returned %s while the commit carrying the outcome was under way", in.State)
+	case <-time.After(50 * time.Millisecond):
+	}
+	releaseOnce.Do(func() { close(release) })
+	if in := <-read; in.State != state.IntentResponded {
+		t.Fatalf("the read after the commit: %s, want RESPONDED", in.State)
+	}
+	if err := <-answered; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}

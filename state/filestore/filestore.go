@@ -24,6 +24,7 @@
 package filestore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,6 +69,9 @@ type Options struct {
 	Now func() time.Time
 	// Timeout bounds the wait for the file lock; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// OutcomeDelay bounds how long an outcome queued by FinishLater waits
+	// for a commit to ride with (state.OutcomeDelay when zero).
+	OutcomeDelay time.Duration
 }
 
 // Store is the embedded state.Store. It is safe for concurrent use.
@@ -136,6 +140,7 @@ func Open(path string, opts Options) (*Store, error) {
 		log:  opts.Logger.With("store", "file", "path", path),
 		now:  opts.Now,
 		subs: make(map[chan string]func() bool),
+		w:    writer{delay: cmp.Or(opts.OutcomeDelay, state.OutcomeDelay)},
 	}
 	return s, nil
 }
@@ -316,9 +321,12 @@ func indexFinalRuns(tx *bolt.Tx) error {
 // Path returns the data file's path.
 func (s *Store) Path() string { return s.path }
 
-// Close ends every Cancels subscription and closes the file. Calls after
-// the first return nil.
+// Close commits the outcomes queued by FinishLater, ends every Cancels
+// subscription and closes the file. Calls after the first return nil.
 func (s *Store) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), state.DefaultTimeout)
+	s.settle(ctx)
+	cancel()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -463,14 +471,25 @@ type write struct {
 	// One channel, not two, is one allocation less for every step.
 	wake chan struct{}
 	lead bool
+	// later is set on a step nobody waits for (FinishLater): answered is
+	// then called with its outcome, and it is never handed the lead.
+	later    bool
+	answered func(error)
 }
 
 // finish sets a step's outcome and wakes its caller, unless that caller
-// leads this commit and is awake already.
-func (w *write) finish(err error) {
+// leads this commit and is awake already; a step nobody waits for is
+// answered instead.
+func (s *Store) finish(w *write, err error) {
 	w.err = err
 	if !w.lead {
 		close(w.wake)
+	}
+	if w.later {
+		w.answered(err)
+		s.w.mu.Lock()
+		delete(s.w.later, w)
+		s.w.mu.Unlock()
 	}
 }
 
@@ -479,10 +498,22 @@ func (w *write) finish(err error) {
 // order, in one bbolt transaction and one fsync. Leader takes what is
 // queued, no timer: a step that finds no commit under way commits at
 // once, alone; a lone request never waits for a batch to fill.
+//
+// A step nobody waits for (FinishLater) is the one exception: it queues
+// without leading, and goes with the next commit, or on its own once
+// Options.OutcomeDelay has passed. One connection's outcome then shares its
+// next request's commit and fsync.
 type writer struct {
 	mu      sync.Mutex
 	queue   []*write
 	leading bool
+	// timer commits the queue once its first unled step has waited
+	// delay (Options.OutcomeDelay).
+	timer *time.Timer
+	delay time.Duration
+	// later holds the steps queued by updateLater and not yet committed,
+	// queued or in the commit under way, for settle to wait on.
+	later map[*write]struct{}
 }
 
 // update runs fn as one step of a write transaction and returns once that
@@ -513,12 +544,78 @@ func (s *Store) update(ctx context.Context, op string, fn func(t *txn) error) er
 		}
 		// Handed the lead: this caller's step is in the queue it takes.
 	} else {
-		s.w.leading = true
+		s.startLead()
 		w.lead = true
 		s.w.mu.Unlock()
 	}
 	s.commitQueued()
 	return w.err
+}
+
+// updateLater queues fn as one step of a write transaction without
+// waiting for it; answered is called with its outcome once committed (or
+// rolled back).
+func (s *Store) updateLater(ctx context.Context, op string, fn func(t *txn) error, answered func(error)) {
+	if err := ctx.Err(); err != nil {
+		answered(fmt.Errorf("filestore: %s: %w: %w", op, state.ErrUnavailable, err))
+		return
+	}
+	w := &write{op: op, ctx: ctx, fn: fn, wake: make(chan struct{}), later: true, answered: answered}
+	s.w.mu.Lock()
+	s.w.queue = append(s.w.queue, w)
+	if s.w.later == nil {
+		s.w.later = map[*write]struct{}{}
+	}
+	s.w.later[w] = struct{}{}
+	if !s.w.leading && s.w.timer == nil {
+		s.w.timer = time.AfterFunc(s.w.delay, s.lead)
+	}
+	s.w.mu.Unlock()
+}
+
+// startLead makes the caller the one committing, the timer of queued
+// outcomes done with. The writer's lock is held.
+func (s *Store) startLead() {
+	s.w.leading = true
+	if s.w.timer != nil {
+		s.w.timer.Stop()
+		s.w.timer = nil
+	}
+}
+
+// lead commits the queue if nobody is committing it: a queued outcome's
+// delay has passed, or a reader waits for it.
+func (s *Store) lead() {
+	s.w.mu.Lock()
+	if s.w.leading || len(s.w.queue) == 0 {
+		s.w.mu.Unlock()
+		return
+	}
+	s.startLead()
+	s.w.mu.Unlock()
+	s.commitQueued()
+}
+
+// settle returns once every step queued by updateLater before it was
+// called is committed (or ctx ends), committing the queue if nobody is.
+func (s *Store) settle(ctx context.Context) {
+	s.w.mu.Lock()
+	waits := make([]chan struct{}, 0, len(s.w.later))
+	for w := range s.w.later {
+		waits = append(waits, w.wake)
+	}
+	s.w.mu.Unlock()
+	if len(waits) == 0 {
+		return
+	}
+	s.lead()
+	for _, wake := range waits {
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // commitQueued commits what is queued now (this leader's step among it),
@@ -541,6 +638,11 @@ func (s *Store) commitQueued() {
 	}
 	next := s.w.queue[0]
 	s.w.mu.Unlock()
+	if next.later {
+		// Nobody waits on a queued outcome to take the lead.
+		go s.commitQueued()
+		return
+	}
 	next.lead = true
 	close(next.wake)
 }
@@ -552,7 +654,7 @@ func (s *Store) commit(batch []*write) {
 	var live []*write
 	for _, w := range batch {
 		if err := w.ctx.Err(); err != nil {
-			w.finish(fmt.Errorf("filestore: %s: %w: %w", w.op, state.ErrUnavailable, err))
+			s.finish(w, fmt.Errorf("filestore: %s: %w: %w", w.op, state.ErrUnavailable, err))
 			continue
 		}
 		live = append(live, w)
@@ -563,14 +665,14 @@ func (s *Store) commit(batch []*write) {
 	if len(live) > 1 {
 		if errs, ok := s.transaction(live); ok {
 			for i, w := range live {
-				w.finish(errs[i])
+				s.finish(w, errs[i])
 			}
 			return
 		}
 	}
 	for _, w := range live {
 		errs, _ := s.transaction([]*write{w})
-		w.finish(errs[0])
+		s.finish(w, errs[0])
 	}
 }
 
@@ -633,10 +735,13 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 }
 
 // view runs fn in one read transaction, with update's error rules.
+// A read comes after the outcomes queued before it, as it would after a
+// Finish.
 func (s *Store) view(ctx context.Context, op string, fn func(tx *bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("filestore: %s: %w: %w", op, state.ErrUnavailable, err)
 	}
+	s.settle(ctx)
 	var fnErr error
 	err := s.db.View(func(tx *bolt.Tx) error {
 		fnErr = fn(tx)

@@ -50,6 +50,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestOutcomeRidesWithTheNextCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stopgate.db")
+	s, err := filestore.Open(path, filestore.Options{Logger: quiet(), OutcomeDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	statetest.LaterRidesAlong(t, s, func() state.Store { return open(t, path) })
+}
+
 // admitGuardCancel leaves run r CANCELLING v2 with one IN_FLIGHT intent
 // admitted before the cancel and one refused after it.
 func admitGuardCancel(ctx context.Context, s state.Store, run string) error {

@@ -426,7 +426,25 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 		return state.Intent{}, err
 	}
 	var out state.Intent
-	err := s.update(ctx, "finish", func(t *txn) error {
+	err := s.update(ctx, "finish", finishStep(req, &out))
+	return out, err
+}
+
+// FinishLater queues the outcome without leading a commit: it goes with
+// the next write, or on its own after state.OutcomeDelay.
+func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+	if err := req.Validate(); err != nil {
+		done(state.Intent{}, err)
+		return
+	}
+	out := new(state.Intent)
+	s.updateLater(ctx, "finish", finishStep(req, out), func(err error) { done(*out, err) })
+}
+
+// finishStep is the outcome's step of a write transaction; out is the
+// intent as recorded.
+func finishStep(req state.FinishRequest, out *state.Intent) func(t *txn) error {
+	return func(t *txn) error {
 		r, rec, err := t.runIntent(req.RunID, req.Key)
 		if err != nil {
 			return err
@@ -459,10 +477,9 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 		if err := r.finalize(req.Actor); err != nil {
 			return err
 		}
-		out = rec.Intent
+		*out = rec.Intent
 		return r.save()
-	})
-	return out, err
+	}
 }
 
 // outcomeReason is the audit reason of an outcome or a resolution: its

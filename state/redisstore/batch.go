@@ -27,18 +27,31 @@ const maxBatch = 64
 // flight for its lane is sent at once, alone; steps that arrive while a
 // call is in flight wait for it and go together in the next one. A lone
 // request never waits for a batch to fill.
+//
+// An outcome nobody waits for (FinishLater) is the one exception: it
+// queues without leading, and goes with the lane's next call, or on its
+// own once Options.OutcomeDelay has passed. One connection's outcome then
+// rides with its next request's guard.
 type batcher struct {
 	// perRun makes every run a lane of its own (Redis Cluster).
 	perRun bool
+	// delay is Options.OutcomeDelay.
+	delay time.Duration
 
 	mu     sync.Mutex
 	queues map[string]*laneQueue
+	// later holds the outcomes queued by FinishLater and not yet
+	// answered, queued or in a call, for settle to wait on.
+	later map[*step]struct{}
 }
 
 // laneQueue is one lane's steps waiting for the call in flight.
 type laneQueue struct {
 	busy    bool
 	waiting []*step
+	// timer sends the lane's queue once its first unled outcome has
+	// waited the batcher's delay.
+	timer *time.Timer
 }
 
 // step is one guard ('g') or outcome ('f') of a run and, once done, its
@@ -52,6 +65,21 @@ type step struct {
 	done chan struct{}
 	rep  reply
 	err  error
+	// later is set on an outcome nobody waits for; answered is then
+	// called with its answer.
+	later    bool
+	answered func(reply, error)
+}
+
+// answer hands the step its answer.
+func (st *step) answer(b *batcher) {
+	close(st.done)
+	if st.later {
+		st.answered(st.rep, st.err)
+		b.mu.Lock()
+		delete(b.later, st)
+		b.mu.Unlock()
+	}
 }
 
 // do runs one step of runID through its lane's queue and waits for its
@@ -60,9 +88,26 @@ type step struct {
 // whose caller gave up from taking effect.
 func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte, args []any) (reply, error) {
 	st := &step{run: runID, op: op, code: string(code), args: args, ctx: ctx, done: make(chan struct{})}
+	b.queue(s, st)
+	select {
+	case <-st.done:
+		return st.rep, st.err
+	case <-ctx.Done():
+		return reply{}, s.fail(op, runID, ctx.Err())
+	}
+}
+
+// doLater queues one step of runID that nobody waits for; answered is
+// called with its answer.
+func (b *batcher) doLater(ctx context.Context, s *Store, runID, op string, code byte, args []any, answered func(reply, error)) {
+	b.queue(s, &step{run: runID, op: op, code: string(code), args: args, ctx: ctx, done: make(chan struct{}), later: true, answered: answered})
+}
+
+// queue puts st in its lane's queue, and sends the queue if st leads.
+func (b *batcher) queue(s *Store, st *step) {
 	lane := ""
 	if b.perRun {
-		lane = runID
+		lane = st.run
 	}
 	b.mu.Lock()
 	if b.queues == nil {
@@ -74,10 +119,21 @@ func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte,
 		b.queues[lane] = q
 	}
 	q.waiting = append(q.waiting, st)
+	if st.later {
+		if b.later == nil {
+			b.later = map[*step]struct{}{}
+		}
+		b.later[st] = struct{}{}
+	}
 	var batch []*step
-	if !q.busy {
-		q.busy = true
-		batch = q.take()
+	switch {
+	case q.busy:
+	case st.later:
+		if q.timer == nil {
+			q.timer = time.AfterFunc(b.delay, func() { b.lead(s, lane, q) })
+		}
+	default:
+		batch = b.start(q)
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -89,11 +145,65 @@ func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte,
 			go b.flush(s, lane, q, next)
 		}
 	}
-	select {
-	case <-st.done:
-		return st.rep, st.err
-	case <-ctx.Done():
-		return reply{}, s.fail(op, runID, ctx.Err())
+}
+
+// start gives the lane's turn to a caller and takes its first batch. The
+// batcher's lock is held.
+func (b *batcher) start(q *laneQueue) []*step {
+	q.busy = true
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	return q.take()
+}
+
+// lead sends a lane's queue if nobody is sending it: an outcome's delay
+// has passed, or a reader waits for the queued outcomes.
+func (b *batcher) lead(s *Store, lane string, q *laneQueue) {
+	b.mu.Lock()
+	if q.busy || len(q.waiting) == 0 || b.queues[lane] != q {
+		b.mu.Unlock()
+		return
+	}
+	batch := b.start(q)
+	b.mu.Unlock()
+	b.flush(s, lane, q, batch)
+}
+
+// settle returns once every outcome queued by FinishLater before it was
+// called is answered (or ctx ends), sending the lanes nobody is sending.
+func (b *batcher) settle(ctx context.Context, s *Store) {
+	b.mu.Lock()
+	if len(b.later) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	waits := make([]chan struct{}, 0, len(b.later))
+	for st := range b.later {
+		waits = append(waits, st.done)
+	}
+	var idle []string
+	for lane, q := range b.queues {
+		if !q.busy && len(q.waiting) > 0 {
+			idle = append(idle, lane)
+		}
+	}
+	b.mu.Unlock()
+	for _, lane := range idle {
+		b.mu.Lock()
+		q := b.queues[lane]
+		b.mu.Unlock()
+		if q != nil {
+			b.lead(s, lane, q)
+		}
+	}
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -143,7 +253,7 @@ func (b *batcher) send(s *Store, batch []*step) {
 	for _, st := range batch {
 		if err := st.ctx.Err(); err != nil {
 			st.err = s.fail(st.op, st.run, err)
-			close(st.done)
+			st.answer(b)
 			continue
 		}
 		if d, ok := st.ctx.Deadline(); ok && d.Before(deadline) {
@@ -188,7 +298,7 @@ func (b *batcher) send(s *Store, batch []*step) {
 		} else if st.err == nil && st.rep.row != nil {
 			s.known.add(st.run)
 		}
-		close(st.done)
+		st.answer(b)
 	}
 }
 

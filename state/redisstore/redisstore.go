@@ -44,6 +44,9 @@ type Options struct {
 	// lost if the primary fails before a replica has it. Cancelling again
 	// is safe (nothing changes twice) and waits again. docs/redis.md.
 	CancelReplicas int
+	// OutcomeDelay bounds how long an outcome queued by FinishLater waits
+	// for a call to ride with (state.OutcomeDelay when zero).
+	OutcomeDelay time.Duration
 }
 
 // Store is a state.Store on Redis. It is safe for concurrent use.
@@ -100,6 +103,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	s.scripter = onceScripter{rdb: s.rdb}
 	// A cluster keeps each run on its own slot: a call carries one run.
 	_, s.batches.perRun = s.rdb.(*redis.ClusterClient)
+	s.batches.delay = cmp.Or(opts.OutcomeDelay, state.OutcomeDelay)
 	if err := s.Ping(ctx); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
@@ -180,8 +184,18 @@ func newClient(t target, opTimeout time.Duration) redis.UniversalClient {
 }
 
 // op bounds one operation, all its round trips together, by OpTimeout (or
-// the caller's earlier deadline).
+// the caller's earlier deadline), once the outcomes queued by FinishLater
+// are written: whatever the operation reads or changes, it comes after
+// them, as it would after a Finish.
 func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := s.bound(ctx)
+	s.batches.settle(ctx, s)
+	return ctx, cancel
+}
+
+// bound is op without waiting for queued outcomes: for the guard and the
+// outcome, which queue behind them in the batcher.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.opTimeout {
 		// Bound already (the ledger bounds every guard and outcome): a
 		// second timer would end no sooner, and costs one per step.
@@ -567,7 +581,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
-	ctx, cancel := s.op(ctx)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	// Only an auto-admitting guard can create the row; once this process
 	// has seen the row, its index entry exists and the extra round trip is
@@ -634,13 +648,32 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 	if err := req.Validate(); err != nil {
 		return state.Intent{}, err
 	}
-	ctx, cancel := s.op(ctx)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	r, err := s.batches.do(ctx, s, req.RunID, "finish", 'f', finishArgs(req))
 	if err != nil {
 		return state.Intent{}, err
 	}
 	return finishResult(req, r)
+}
+
+// FinishLater queues the outcome in the batcher without leading a call:
+// it goes with the next guard or outcome of its lane, or on its own after
+// state.OutcomeDelay.
+func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+	if err := req.Validate(); err != nil {
+		done(state.Intent{}, err)
+		return
+	}
+	ctx, cancel := s.bound(ctx)
+	s.batches.doLater(ctx, s, req.RunID, "finish", 'f', finishArgs(req), func(r reply, err error) {
+		cancel()
+		if err != nil {
+			done(state.Intent{}, err)
+			return
+		}
+		done(finishResult(req, r))
+	})
 }
 
 func finishArgs(req state.FinishRequest) []any {
@@ -941,9 +974,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close ends the cancel subscriptions and closes the client. Later calls
-// return nil.
+// Close writes the outcomes queued by FinishLater (waiting at most
+// OpTimeout), ends the cancel subscriptions and closes the client. Later
+// calls return nil.
 func (s *Store) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
+	s.batches.settle(ctx, s)
+	cancel()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

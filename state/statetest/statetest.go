@@ -41,6 +41,8 @@ func Run(t *testing.T, open Open) {
 		{"CancelRevokesScheduledRetries", testRetriesRevoked},
 		{"ScheduledRetryIsDispatchedThroughTheGuard", testRetryDispatched},
 		{"FinishRecordsOutcomeOfLatestAttempt", testFinish},
+		{"FinishLaterIsReadAndOrderedAsAFinish", testFinishLater},
+		{"FinishLaterAnswersWhatFinishWould", testFinishLaterAnswers},
 		{"TickTurnsExpiredLeasesUnknown", testLeaseExpiry},
 		{"RenewKeepsLeaseAlive", testRenew},
 		{"TickCancelsDrainedRun", testDrained},
@@ -563,6 +565,133 @@ func testFinish(t *testing.T, s state.Store) {
 	ns := guard(t, s, state.GuardRequest{RunID: "f", Key: "k2", ExplicitKey: true})
 	finish(t, s, ns.Intent, state.IntentNotSent, 0)
 	wantCounts(t, get(t, s, "f"), map[state.IntentState]int{state.IntentResponded: 1, state.IntentNotSent: 1})
+}
+
+// answer is what a FinishLater's done was called with.
+type answer struct {
+	in  state.Intent
+	err error
+}
+
+// finishLater queues an outcome and returns the channel its answer comes on.
+func finishLater(s state.Store, req state.FinishRequest) <-chan answer {
+	ch := make(chan answer, 2)
+	s.FinishLater(context.Background(), req, func(in state.Intent, err error) { ch <- answer{in, err} })
+	return ch
+}
+
+// answered waits, bounded, for the one answer of a FinishLater.
+func answered(t *testing.T, ch <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-ch:
+		select {
+		case again := <-ch:
+			t.Fatalf("done called twice: %+v, then %+v", a, again)
+		case <-time.After(20 * time.Millisecond):
+		}
+		return a
+	case <-time.After(10 * time.Second):
+		t.Fatal("FinishLater never called done")
+		return answer{}
+	}
+}
+
+// An outcome queued by FinishLater is, for every later step and read of
+// the same store, as if Finish had returned: read back at once, counted,
+// audited, and a replay of its key is a new attempt, not "in progress".
+func testFinishLater(t *testing.T, s state.Store) {
+	admit(t, s, "fl")
+	first := guard(t, s, state.GuardRequest{RunID: "fl", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
+	done := finishLater(s, state.FinishRequest{RunID: "fl", Key: "idem", Attempt: first.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 201, Actor: "proxy:test"})
+	again := guard(t, s, state.GuardRequest{RunID: "fl", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
+	if !again.Admitted || again.Intent.Attempts != 2 {
+		t.Fatalf("a replay after a queued RESPONDED: %+v, want a second attempt", again)
+	}
+	if a := answered(t, done); a.err != nil || a.in.State != state.IntentResponded || a.in.StatusCode != 201 || a.in.Attempts != 1 {
+		t.Fatalf("done got %+v, %v", a.in, a.err)
+	}
+
+	other := guard(t, s, state.GuardRequest{RunID: "fl", Key: "other", ExplicitKey: true})
+	done = finishLater(s, state.FinishRequest{RunID: "fl", Key: "other", Attempt: other.Intent.Attempts, Outcome: state.IntentNotSent, Reason: "dial refused", Actor: "proxy:test"})
+	if in := intent(t, s, "fl", "other"); in.State != state.IntentNotSent || in.Reason != "dial refused" {
+		t.Fatalf("read right after FinishLater: %+v", in)
+	}
+	answered(t, done)
+	wantCounts(t, get(t, s, "fl"), map[state.IntentState]int{state.IntentInFlight: 1, state.IntentNotSent: 1})
+	evs, err := s.Events(ctx(t), "fl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []string
+	for _, e := range evs {
+		if e.Kind == state.EventIntentOutcome {
+			outcomes = append(outcomes, e.Intent+" "+e.To)
+		}
+	}
+	if want := []string{"idem RESPONDED", "other NOT_SENT"}; !slices.Equal(outcomes, want) {
+		t.Fatalf("outcome events %q, want %q", outcomes, want)
+	}
+}
+
+// FinishLater answers, through done, what Finish would have: a request
+// that is not valid before it returns, a conflict or a missing intent once
+// the step has run. An outcome with nothing else to ride with is written
+// on its own.
+func testFinishLaterAnswers(t *testing.T, s state.Store) {
+	admit(t, s, "fa")
+	res := guard(t, s, state.GuardRequest{RunID: "fa", Key: "k", ExplicitKey: true})
+
+	var invalid error
+	called := false
+	s.FinishLater(ctx(t), state.FinishRequest{RunID: "fa", Key: "k", Attempt: 1, Outcome: state.IntentApplied, Actor: "p"},
+		func(_ state.Intent, err error) { called, invalid = true, err })
+	if !called || !errors.Is(invalid, state.ErrInvalid) {
+		t.Fatalf("FinishLater as APPLIED: called %v with %v, want ErrInvalid before it returns", called, invalid)
+	}
+
+	stale := answered(t, finishLater(s, state.FinishRequest{RunID: "fa", Key: "k", Attempt: 2, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}))
+	wantConflict(t, stale.err, state.ConflictStaleAttempt)
+	missing := answered(t, finishLater(s, state.FinishRequest{RunID: "fa", Key: "nope", Attempt: 1, Outcome: state.IntentNotSent, Actor: "p"}))
+	if !errors.Is(missing.err, state.ErrNotFound) {
+		t.Fatalf("FinishLater of a missing intent: %v, want ErrNotFound", missing.err)
+	}
+	alone := answered(t, finishLater(s, state.FinishRequest{RunID: "fa", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}))
+	if alone.err != nil || alone.in.State != state.IntentResponded {
+		t.Fatalf("an outcome written on its own: %+v, %v", alone.in, alone.err)
+	}
+}
+
+// LaterRidesAlong is the spec for a store opened with an OutcomeDelay far
+// longer than the test: an outcome queued by FinishLater is written by the
+// next guard's step, by a read, or by Close, never left waiting for its
+// delay. reopen opens the same store again after s is closed.
+func LaterRidesAlong(t *testing.T, s state.Store, reopen func() state.Store) {
+	admit(t, s, "ride")
+	g := guard(t, s, state.GuardRequest{RunID: "ride", Key: "a", ExplicitKey: true})
+	done := finishLater(s, state.FinishRequest{RunID: "ride", Key: "a", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"})
+	select {
+	case a := <-done:
+		t.Fatalf("an outcome was written before anything else was asked of the store: %+v", a)
+	case <-time.After(50 * time.Millisecond):
+	}
+	guard(t, s, state.GuardRequest{RunID: "ride", Key: "b", ExplicitKey: true})
+	if a := answered(t, done); a.err != nil || a.in.State != state.IntentResponded {
+		t.Fatalf("the outcome that rode with a guard: %+v, %v", a.in, a.err)
+	}
+
+	done = finishLater(s, state.FinishRequest{RunID: "ride", Key: "b", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 202, Actor: "p"})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if a := answered(t, done); a.err != nil {
+		t.Fatalf("the outcome Close wrote: %v", a.err)
+	}
+	s = reopen()
+	defer s.Close()
+	if in := intent(t, s, "ride", "b"); in.State != state.IntentResponded || in.StatusCode != 202 {
+		t.Fatalf("after Close and Open: %+v", in)
+	}
 }
 
 func testLeaseExpiry(t *testing.T, s state.Store) {
