@@ -116,17 +116,42 @@ func (l *Ledger) Begin(ctx context.Context, req state.GuardRequest) (state.Guard
 // go: it expires into UNKNOWN, which is the honest record of an outcome
 // nobody could write down.
 func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
+	ctx, cancel, req := l.release(ctx, req)
+	defer cancel()
+	out, err := l.store.Finish(ctx, req)
+	return out, notRecorded(req, err)
+}
+
+// FinishLater is Finish for a carrier that does not wait for the record:
+// the outcome is queued in the store now, ordered before every later step
+// of this instance, and done is called with what Finish would have
+// returned once it is written (see state.Store.FinishLater). done runs on
+// the store's goroutine: it must be quick and must not call the store.
+func (l *Ledger) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+	ctx, cancel, req := l.release(ctx, req)
+	l.store.FinishLater(ctx, req, func(out state.Intent, err error) {
+		cancel()
+		done(out, notRecorded(req, err))
+	})
+}
+
+// release lets the lease of the intent req reports on go, and bounds the
+// store step that records it, whatever becomes of the caller's ctx: the
+// outcome is what happened, and it is recorded even if the caller is gone.
+func (l *Ledger) release(ctx context.Context, req state.FinishRequest) (context.Context, context.CancelFunc, state.FinishRequest) {
 	l.mu.Lock()
 	delete(l.held, state.IntentRef{RunID: req.RunID, Key: req.Key})
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
-	defer cancel()
 	req.Actor = l.owner
-	out, err := l.store.Finish(ctx, req)
-	if err != nil {
-		return out, fmt.Errorf("record %s of intent %s/%s: %w", req.Outcome, req.RunID, req.Key, unavailableOnDeadline(err))
+	return ctx, cancel, req
+}
+
+func notRecorded(req state.FinishRequest, err error) error {
+	if err == nil {
+		return nil
 	}
-	return out, nil
+	return fmt.Errorf("record %s of intent %s/%s: %w", req.Outcome, req.RunID, req.Key, unavailableOnDeadline(err))
 }
 
 // Note adds one line about an intent this ledger carried to the run's

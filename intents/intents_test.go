@@ -78,6 +78,53 @@ func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
 	}
 }
 
+// FinishLater lets the lease go at once, records the outcome as the ledger,
+// and tells the caller what was recorded, or why nothing was, in Finish's
+// own words.
+func TestLedgerFinishLaterReleasesAtOnceAndReportsTheRecord(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1"})
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Begin(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP})
+	if err != nil || !res.Admitted {
+		t.Fatalf("begin: %+v %v", res, err)
+	}
+	type answer struct {
+		in  state.Intent
+		err error
+	}
+	later := func(req state.FinishRequest) answer {
+		ch := make(chan answer, 1)
+		l.FinishLater(ctx, req, func(in state.Intent, err error) { ch <- answer{in, err} })
+		if len(l.Held()) != 0 {
+			t.Fatalf("held after FinishLater: %v", l.Held())
+		}
+		select {
+		case a := <-ch:
+			return a
+		case <-time.After(10 * time.Second):
+			t.Fatal("FinishLater never answered")
+			return answer{}
+		}
+	}
+	a := later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200})
+	if a.err != nil || a.in.State != state.IntentResponded || a.in.LeaseOwner != "" {
+		t.Fatalf("FinishLater: %+v %v", a.in, a.err)
+	}
+	evs, err := s.Events(ctx, "r")
+	if err != nil || evs[len(evs)-1].Actor != "p1" {
+		t.Fatalf("the outcome's actor: %+v %v, want the ledger p1", evs, err)
+	}
+	a = later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentNotSent})
+	var c *state.Conflict
+	if !errors.As(a.err, &c) || !strings.Contains(a.err.Error(), "record NOT_SENT of intent r/k") {
+		t.Fatalf("a second outcome: %v, want a conflict named for the intent", a.err)
+	}
+}
+
 func TestLedgerRefusesWhenStoreIsGone(t *testing.T) {
 	s := newStore(t)
 	l := intents.NewLedger(s, intents.LedgerOptions{Owner: "p1"})
