@@ -131,3 +131,50 @@ func TestRaceAcrossTwoInstancesOnRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestTheAnswerDoesNotWaitForItsRecord: the agent has the provider's answer
+// before its RESPONDED is written. The record rides with the instance's
+// next request, and the instance never reads its own outcome IN_FLIGHT.
+// The store's OutcomeDelay is an hour, so nothing but those writes it.
+func TestTheAnswerDoesNotWaitForItsRecord(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	ctx := context.Background()
+	s, err := redisstore.Open(ctx, srv.URL(), redisstore.Options{OutcomeDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	other := newRedisStore(t, srv, 2*time.Second)
+	e := newEnv(t, envOptions{store: s})
+	up := newUpstream(t, false, nil)
+	e.admit("lazy")
+	c := e.client("lazy", 1)
+	post := func(path string) string {
+		t.Helper()
+		resp, body := do(t, c, "POST", up.URL+path, strings.NewReader(path), nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+		}
+		return resp.Header.Get("X-Stopgate-Intent")
+	}
+	read := func(s state.Store, key string) state.Intent {
+		t.Helper()
+		in, err := s.Intent(ctx, "lazy", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+
+	first := post("/a")
+	if in := read(other, first); in.State != state.IntentInFlight {
+		t.Fatalf("another instance, right after the answer: %s, want IN_FLIGHT (the answer waited for its record)", in.State)
+	}
+	second := post("/b")
+	if in := read(other, first); in.State != state.IntentResponded || in.StatusCode != 200 {
+		t.Fatalf("another instance, after the next request: %s %d, want RESPONDED 200", in.State, in.StatusCode)
+	}
+	if in := read(s, second); in.State != state.IntentResponded || in.StatusCode != 200 {
+		t.Fatalf("the instance that carried it, right after the answer: %s %d, want RESPONDED 200", in.State, in.StatusCode)
+	}
+}

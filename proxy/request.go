@@ -361,7 +361,9 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		// NDJSON stream would sit in the server's buffer.
 		resp.Header.Set("Transfer-Encoding", "chunked")
 	}
-	p.finish(req.Context(), ex, state.IntentResponded, resp.StatusCode, "")
+	// The provider has answered: the agent need not wait for the record
+	// of it, which rides with this instance's next store step.
+	p.finishLater(req.Context(), ex, state.IntentResponded, resp.StatusCode)
 	// Only stopgate speaks in its own headers: an upstream's would mislead the agent.
 	resp.Header.Del(refusal.Header)
 	resp.Header.Set(refusal.IntentHeader, f.intent.Key)
@@ -392,19 +394,44 @@ func (p *Proxy) finish(ctx context.Context, ex *exchange, outcome state.IntentSt
 
 // finishWith is finish with the source of a NOT_APPLIED outcome.
 func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.IntentState, code int, reason, source string) {
-	f := ex.flow
 	started := time.Now()
+	d := finished(ex, outcome, code)
 	_, err := p.cfg.Ledger.Finish(ctx, state.FinishRequest{
-		RunID: f.intent.RunID, Key: f.intent.Key, Attempt: f.intent.Attempts, Outcome: outcome,
+		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome,
 		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
 	})
+	p.recorded(ctx, d, started, err)
+}
+
+// finishLater is finish without waiting for the record: the outcome is
+// queued in the store, before any later step of this instance, and its
+// line is written once it is recorded.
+func (p *Proxy) finishLater(ctx context.Context, ex *exchange, outcome state.IntentState, code int) {
+	started := time.Now()
+	d := finished(ex, outcome, code)
+	ctx = context.WithoutCancel(ctx)
+	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
+		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome, StatusCode: code,
+	}, func(_ state.Intent, err error) { p.recorded(ctx, d, started, err) })
+}
+
+// finished is the decision line of the exchange's outcome, as things
+// stand when it is reported.
+func finished(ex *exchange, outcome state.IntentState, code int) telemetry.Decision {
+	f := ex.flow
 	d := ex.decision(f.boundary, f.method, f.host)
-	d.Result, d.Intent, d.Recorded, d.StatusCode, d.Store = telemetry.Finished, f.intent.Key, outcome, code, time.Since(started)
+	d.Result, d.Intent, d.Recorded, d.StatusCode = telemetry.Finished, f.intent.Key, outcome, code
 	d.Bytes = f.bytes
 	var ce *cutError
 	if ex.ctx != nil && errors.As(context.Cause(ex.ctx), &ce) {
 		d.Result, d.Reason = telemetry.Cut, ce.reason
 	}
+	return d
+}
+
+// recorded writes an outcome's decision line once the store has answered.
+func (p *Proxy) recorded(ctx context.Context, d telemetry.Decision, started time.Time, err error) {
+	d.Store = time.Since(started)
 	if err != nil {
 		d.Detail = "outcome not recorded; the lease will expire into UNKNOWN: " + err.Error()
 	}
