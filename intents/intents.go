@@ -116,7 +116,8 @@ func (l *Ledger) Begin(ctx context.Context, req state.GuardRequest) (state.Guard
 // go: it expires into UNKNOWN, which is the honest record of an outcome
 // nobody could write down.
 func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
-	ctx, cancel, req := l.release(ctx, req)
+	req = l.release(req)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
 	out, err := l.store.Finish(ctx, req)
 	return out, notRecorded(req, err)
@@ -127,24 +128,23 @@ func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Int
 // of this instance, and done is called with what Finish would have
 // returned once it is written (see state.Store.FinishLater). done runs on
 // the store's goroutine: it must be quick and must not call the store.
+// The store bounds the step as it bounds the write that carries it.
 func (l *Ledger) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
-	ctx, cancel, req := l.release(ctx, req)
-	l.store.FinishLater(ctx, req, func(out state.Intent, err error) {
-		cancel()
+	req = l.release(req)
+	l.store.FinishLater(context.WithoutCancel(ctx), req, func(out state.Intent, err error) {
 		done(out, notRecorded(req, err))
 	})
 }
 
-// release lets the lease of the intent req reports on go, and bounds the
-// store step that records it, whatever becomes of the caller's ctx: the
-// outcome is what happened, and it is recorded even if the caller is gone.
-func (l *Ledger) release(ctx context.Context, req state.FinishRequest) (context.Context, context.CancelFunc, state.FinishRequest) {
+// release lets the lease of the intent req reports on go, and names this
+// ledger the actor of its outcome. The outcome is recorded whatever
+// becomes of the caller's context: it is what happened.
+func (l *Ledger) release(req state.FinishRequest) state.FinishRequest {
 	l.mu.Lock()
 	delete(l.held, state.IntentRef{RunID: req.RunID, Key: req.Key})
 	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	req.Actor = l.owner
-	return ctx, cancel, req
+	return req
 }
 
 func notRecorded(req state.FinishRequest, err error) error {

@@ -435,7 +435,8 @@ type Store interface {
 	// is written. done is called once with what Finish would have
 	// answered, on the goroutine that wrote the step (before FinishLater
 	// returns for a request that is not valid): it must be quick and
-	// must not call the store.
+	// must not call the store. The store bounds the step as it bounds the
+	// write that carries it; ctx withdraws it only if it ends first.
 	FinishLater(ctx context.Context, req FinishRequest, done func(Intent, error))
 	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
 	// finalizes the run.

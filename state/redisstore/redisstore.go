@@ -659,15 +659,14 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 
 // FinishLater queues the outcome in the batcher without leading a call:
 // it goes with the next guard or outcome of its lane, or on its own after
-// state.OutcomeDelay.
+// Options.OutcomeDelay. The call that carries it is bounded by OpTimeout,
+// as every call is; ctx only withdraws it if it ends before then.
 func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
 	if err := req.Validate(); err != nil {
 		done(state.Intent{}, err)
 		return
 	}
-	ctx, cancel := s.bound(ctx)
 	s.batches.doLater(ctx, s, req.RunID, "finish", 'f', finishArgs(req), func(r reply, err error) {
-		cancel()
 		if err != nil {
 			done(state.Intent{}, err)
 			return
