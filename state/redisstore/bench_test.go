@@ -124,7 +124,10 @@ func BenchmarkGuardFinishManyRuns(b *testing.B) {
 // exactly (scripts/redis-instructions runs it under callgrind); an op is a
 // guarded request, its guard and its outcome:
 //   - "a step a call": the guard is one call, its outcome the next, as one
-//     connection makes them;
+//     connection makes them when the outcome is waited for (Finish);
+//   - "a request a call": each call holds a new guard and the previous
+//     request's outcome, as one connection makes them now that the proxy's
+//     outcome rides with the next guard (FinishLater);
 //   - "20 requests a call": each call holds 20 new guards and the outcomes
 //     of the previous call's 20, as 64 connections make them;
 //   - "20 requests a call, the same one": as a poll, every guard of the
@@ -134,10 +137,15 @@ func BenchmarkBatchCall(b *testing.B) {
 		name string
 		per  int
 		same bool
+		// split sends each outcome in a call of its own, as a caller
+		// that waits for it does (Finish); otherwise it rides with the
+		// next call's guards (FinishLater).
+		split bool
 	}{
-		{"a step a call", 1, false},
-		{"20 requests a call", 20, false},
-		{"20 requests a call, the same one", 20, true},
+		{"a step a call", 1, false, true},
+		{"a request a call", 1, false, false},
+		{"20 requests a call", 20, false, false},
+		{"20 requests a call, the same one", 20, true, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -173,7 +181,7 @@ func BenchmarkBatchCall(b *testing.B) {
 						Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
 				}
 				var err error
-				if bc.per == 1 {
+				if bc.split {
 					inFlight, err = s.CallBatch(ctx, "bench", guards)
 					for k := 0; err == nil && k < len(outcomes); k++ {
 						_, err = s.CallBatch(ctx, "bench", outcomes[k:k+1])
