@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/statetest"
 )
 
 // Steps that arrive while a commit is under way share the next one; a step
@@ -188,50 +189,20 @@ func TestReadWaitsForAnOutcomeInTheCommitUnderWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ctx := context.Background()
-	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
-	if err != nil || !g.Admitted {
-		t.Fatalf("guard: %+v %v", g, err)
-	}
-	answered := make(chan error, 1)
-	s.FinishLater(ctx, state.FinishRequest{RunID: "r", Key: "k", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"},
-		func(_ state.Intent, err error) { answered <- err })
-
-	// A step behind it leads a commit that carries both, and holds it.
-	inCommit, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	defer releaseOnce.Do(func() { close(release) }) // before Close, which waits for the commit
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		_ = s.update(ctx, "hold", func(*txn) error {
-			close(inCommit)
-			<-release
-			return nil
-		})
+	statetest.ReadWaitsForAQueuedOutcome(t, s, func() func() {
+		// A step behind the outcome leads a commit that carries both, and
+		// holds it.
+		inCommit, release := make(chan struct{}), make(chan struct{})
+		held := make(chan struct{})
+		go func() {
+			defer close(held)
+			_ = s.update(context.Background(), "hold", func(*txn) error {
+				close(inCommit)
+				<-release
+				return nil
+			})
+		}()
+		<-inCommit
+		return func() { close(release); <-held }
 	})
-	<-inCommit
-	read := make(chan state.Intent, 1)
-	wg.Go(func() {
-		in, err := s.Intent(ctx, "r", "k")
-		if err != nil {
-			t.Error(err)
-		}
-		read <- in
-	})
-	select {
-	case in := <-read:
-		t.Fatalf("a read returned %s while the commit carrying the outcome was under way", in.State)
-	case <-time.After(50 * time.Millisecond):
-	}
-	releaseOnce.Do(func() { close(release) })
-	if in := <-read; in.State != state.IntentResponded {
-		t.Fatalf("the read after the commit: %s, want RESPONDED", in.State)
-	}
-	if err := <-answered; err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
 }

@@ -78,53 +78,27 @@ func TestReadWaitsForAnOutcomeInTheCallUnderWay(t *testing.T) {
 	admin := raw(t, srv.Addr())
 	s := open(t, srv.URL(), redisstore.Options{OutcomeDelay: time.Hour})
 	ctx := context.Background()
-	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "r", Actor: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	g, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
-	if err != nil || !g.Admitted {
-		t.Fatalf("guard: %+v %v", g, err)
-	}
-	answered := make(chan error, 1)
-	s.FinishLater(ctx, state.FinishRequest{RunID: "r", Key: "k", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"},
-		func(_ state.Intent, err error) { answered <- err })
-
-	if err := admin.Do(ctx, "CLIENT", "PAUSE", "1500", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Do(ctx, "CLIENT", "UNPAUSE")
-	// The next guard carries the outcome into a call the pause holds.
-	guarded := make(chan error, 1)
-	go func() {
-		_, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k2", ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
-		guarded <- err
-	}()
-	time.Sleep(100 * time.Millisecond)
-	read := make(chan state.Intent, 1)
-	go func() {
-		in, err := s.Intent(ctx, "r", "k")
-		if err != nil {
-			t.Error(err)
+	statetest.ReadWaitsForAQueuedOutcome(t, s, func() func() {
+		if err := admin.Do(ctx, "CLIENT", "PAUSE", "1500", "WRITE").Err(); err != nil {
+			t.Fatal(err)
 		}
-		read <- in
-	}()
-	select {
-	case in := <-read:
-		t.Fatalf("a read returned %s while the call carrying the outcome was held", in.State)
-	case <-time.After(100 * time.Millisecond):
-	}
-	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if in := <-read; in.State != state.IntentResponded {
-		t.Fatalf("the read after the call: %s, want RESPONDED", in.State)
-	}
-	if err := <-answered; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-guarded; err != nil {
-		t.Fatal(err)
-	}
+		// The next guard carries the outcome into a call the pause holds.
+		guarded := make(chan error, 1)
+		go func() {
+			_, err := s.Guard(ctx, state.GuardRequest{RunID: "r", Key: "k2", ExplicitKey: true, Boundary: state.BoundaryHTTP,
+				LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
+			guarded <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		return func() {
+			if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+				t.Error(err)
+			}
+			if err := <-guarded; err != nil {
+				t.Error(err)
+			}
+		}
+	})
 }
 
 // Where Redis refuses stopgate's function library (before 7.0, or an ACL

@@ -694,6 +694,41 @@ func LaterRidesAlong(t *testing.T, s state.Store, reopen func() state.Store) {
 	}
 }
 
+// ReadWaitsForAQueuedOutcome is the spec for a store opened with an
+// OutcomeDelay far longer than the test: a read waits for an outcome
+// queued by FinishLater even once it has left the queue for a write still
+// under way. hold is called with the outcome queued; it starts a write that
+// carries it and keeps that write from ending until the release it returns
+// is called.
+func ReadWaitsForAQueuedOutcome(t *testing.T, s state.Store, hold func() (release func())) {
+	admit(t, s, "r")
+	g := guard(t, s, state.GuardRequest{RunID: "r", Key: "k", ExplicitKey: true})
+	done := finishLater(s, state.FinishRequest{RunID: "r", Key: "k", Attempt: g.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"})
+	var once sync.Once
+	release := hold()
+	defer once.Do(release) // a failure must not leave the write held for Close to wait on
+	read := make(chan state.Intent, 1)
+	go func() {
+		in, err := s.Intent(context.Background(), "r", "k")
+		if err != nil {
+			t.Error(err)
+		}
+		read <- in
+	}()
+	select {
+	case in := <-read:
+		t.Fatalf("a read returned %s while the write carrying the outcome was held", in.State)
+	case <-time.After(100 * time.Millisecond):
+	}
+	once.Do(release)
+	if in := <-read; in.State != state.IntentResponded {
+		t.Fatalf("the read after the write: %s, want RESPONDED", in.State)
+	}
+	if a := answered(t, done); a.err != nil {
+		t.Fatal(a.err)
+	}
+}
+
 func testLeaseExpiry(t *testing.T, s state.Store) {
 	admit(t, s, "l")
 	short := guard(t, s, state.GuardRequest{RunID: "l", Key: "short", ExplicitKey: true, LeaseTTL: 50 * time.Millisecond})
