@@ -431,7 +431,7 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 }
 
 // FinishLater queues the outcome without leading a commit: it goes with
-// the next write, or on its own after state.OutcomeDelay.
+// the next write, or on its own after Options.OutcomeDelay.
 func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
 	if err := req.Validate(); err != nil {
 		done(state.Intent{}, err)
