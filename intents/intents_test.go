@@ -47,6 +47,17 @@ func TestDerivedKeyIsStableAndDistinguishesEachPart(t *testing.T) {
 	if err := state.ValidateKey(base); err != nil {
 		t.Fatal(err)
 	}
+	// Keys already stored must keep naming the same effects: the
+	// derivation never changes, whatever its code becomes.
+	for _, tc := range []struct{ run, method, target, digest, want string }{
+		{"r", "POST", "https://a/x", "sha256:1", "d-2f129ed262f9347041313831"},
+		{"run_42", "GET", "http://127.0.0.1:8000/small", "", "d-2e47a755f19e2429d0bb051b"},
+		{"r", "GET", "https://a/" + strings.Repeat("x", 300), "d", "d-4e7b9f6bbcd294974c84cff5"},
+	} {
+		if got := intents.DerivedKey(tc.run, tc.method, tc.target, tc.digest); got != tc.want {
+			t.Errorf("DerivedKey(%q, %q, %.20q…, %q) = %s, want %s as ever", tc.run, tc.method, tc.target, tc.digest, got, tc.want)
+		}
+	}
 }
 
 func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {

@@ -409,7 +409,8 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 func (p *Proxy) finishLater(ctx context.Context, ex *exchange, outcome state.IntentState, code int) {
 	started := time.Now()
 	d := finished(ex, outcome, code)
-	ctx = context.WithoutCancel(ctx)
+	// The ledger records it whatever becomes of ctx; the line, written
+	// later, only takes ctx's values.
 	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
 		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome, StatusCode: code,
 	}, func(_ state.Intent, err error) { p.recorded(ctx, d, started, err) })
