@@ -428,11 +428,11 @@ type Store interface {
 	Finish(ctx context.Context, req FinishRequest) (Intent, error)
 	// FinishLater records the outcome as Finish does, without making the
 	// caller wait: the step is queued now and rides with this store's next
-	// write (a guard, say), or is written on its own within
-	// OutcomeDelay. Every step this Store is asked for afterwards is
-	// ordered after it, every read of this Store waits for it, and Close
-	// writes it; another instance may read the intent IN_FLIGHT until it
-	// is written. done is called once with what Finish would have
+	// write (a guard, say), or is written on its own within the store's
+	// OutcomeDelay. Every later guard or outcome of the same run comes
+	// after it, every other operation of this Store (reads included) waits
+	// for it, and Close writes it; another instance may read the intent
+	// IN_FLIGHT until it is written. done is called once with what Finish would have
 	// answered, on the goroutine that wrote the step (before FinishLater
 	// returns for a request that is not valid): it must be quick and
 	// must not call the store. The store bounds the step as it bounds the

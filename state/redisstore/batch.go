@@ -183,20 +183,15 @@ func (b *batcher) settle(ctx context.Context, s *Store) {
 	for st := range b.later {
 		waits = append(waits, st.done)
 	}
-	var idle []string
+	idle := map[string]*laneQueue{}
 	for lane, q := range b.queues {
 		if !q.busy && len(q.waiting) > 0 {
-			idle = append(idle, lane)
+			idle[lane] = q
 		}
 	}
 	b.mu.Unlock()
-	for _, lane := range idle {
-		b.mu.Lock()
-		q := b.queues[lane]
-		b.mu.Unlock()
-		if q != nil {
-			b.lead(s, lane, q)
-		}
+	for lane, q := range idle {
+		b.lead(s, lane, q) // finds out itself if the lane was sent meanwhile
 	}
 	for _, done := range waits {
 		select {
