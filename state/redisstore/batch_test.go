@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -450,4 +451,107 @@ func testServer(t *testing.T) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// A run with many intents in flight keeps its lease set a skiplist (the
+// marker of prelude.lua), and the marker changes nothing else: it is never
+// due, never an intent, and leaves with the last intent in flight, whether
+// that ends by an outcome, by lease expiry or by the drain's deadline.
+func TestManyLeasesKeepTheLeaseSetASkiplist(t *testing.T) {
+	s, addr := testStore(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	guards := func(prefix string, n int, ttl time.Duration) []BatchStep {
+		var steps []BatchStep
+		for i := range n {
+			steps = append(steps, BatchStep{Code: 'g', Guard: state.GuardRequest{ObservedVersion: 1,
+				Key: fmt.Sprintf("%s%02d", prefix, i), ExplicitKey: true, Boundary: state.BoundaryHTTP, Method: "GET",
+				Target: "https://api.example/x", LeaseOwner: "p", LeaseTTL: ttl, Actor: "p", NotAfter: time.Now().Add(time.Minute)}})
+		}
+		return steps
+	}
+	finishes := func(keys []string) []BatchStep {
+		var steps []BatchStep
+		for _, k := range keys {
+			steps = append(steps, BatchStep{Code: 'f', Finish: state.FinishRequest{Key: k, Attempt: 1,
+				Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}})
+		}
+		return steps
+	}
+	leases := func(run string) string { return KeysOf(run)[4] }
+	encoding := func(run string) string {
+		t.Helper()
+		enc, err := admin.ObjectEncoding(ctx, leases(run)).Result()
+		if errors.Is(err, redis.Nil) {
+			return "none"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return enc
+	}
+	admit := func(run string) {
+		t.Helper()
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unknown := func(run string, keys []string) {
+		t.Helper()
+		for _, k := range keys {
+			if in := must2(s.Intent(ctx, run, k))(t); in.State != state.IntentUnknown {
+				t.Errorf("%s of %s is %s, want UNKNOWN", k, run, in.State)
+			}
+		}
+		if n := must2(admin.Exists(ctx, leases(run)).Result())(t); n != 0 {
+			t.Errorf("%s keeps a lease set with nothing in flight: %v", run, must2(admin.ZRangeWithScores(ctx, leases(run), 0, -1).Result())(t))
+		}
+	}
+
+	t.Run("outcomes", func(t *testing.T) {
+		admit("busy")
+		first := must2(s.CallBatch(ctx, "busy", guards("a", 15, time.Minute)))(t)
+		if enc := encoding("busy"); enc != "listpack" {
+			t.Fatalf("15 in flight: the set is a %s, want a listpack", enc)
+		}
+		last := must2(s.CallBatch(ctx, "busy", guards("b", 1, time.Minute)))(t)
+		if enc := encoding("busy"); enc != "skiplist" {
+			t.Fatalf("16 in flight: the set is a %s, want a skiplist", enc)
+		}
+		must2(s.CallBatch(ctx, "busy", finishes(first)))(t)
+		if n := must2(admin.ZCard(ctx, leases("busy")).Result())(t); n != 2 {
+			t.Fatalf("one in flight: %d members, want its lease and the marker", n)
+		}
+		must2(s.CallBatch(ctx, "busy", finishes(last)))(t)
+		if n := must2(admin.Exists(ctx, leases("busy")).Result())(t); n != 0 {
+			t.Fatal("nothing in flight, yet the lease set (its marker) is still there")
+		}
+	})
+
+	t.Run("lease expiry", func(t *testing.T) {
+		admit("lapsed")
+		keys := must2(s.CallBatch(ctx, "lapsed", guards("k", 20, time.Millisecond)))(t)
+		time.Sleep(20 * time.Millisecond)
+		if _, err := s.Tick(ctx, state.TickRequest{RunID: "lapsed", Actor: "sweeper"}); err != nil {
+			t.Fatal(err)
+		}
+		unknown("lapsed", keys)
+	})
+
+	t.Run("drain deadline", func(t *testing.T) {
+		admit("drained")
+		keys := must2(s.CallBatch(ctx, "drained", guards("k", 20, time.Minute)))(t)
+		if _, err := s.Cancel(ctx, state.CancelRequest{RunID: "drained", Actor: "op", Reason: "stop", DrainTimeout: time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		run := must2(s.Tick(ctx, state.TickRequest{RunID: "drained", Actor: "sweeper"}))(t)
+		if run.Status != state.StatusUnknown || run.Intents[state.IntentUnknown] != 20 || run.Intents[state.IntentInFlight] != 0 {
+			t.Fatalf("after the drain deadline: %s with counts %v, want UNKNOWN with the 20 intents UNKNOWN", run.Status, run.Intents)
+		}
+		unknown("drained", keys)
+	})
 }

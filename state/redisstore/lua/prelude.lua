@@ -13,7 +13,8 @@
 --   4 derived-key counters (hash: base -> n, only for bases used twice)
 --   5 leases (zset: -expiry ms -> key of an IN_FLIGHT intent; negative, so
 --     that a new lease, the latest to expire, goes to the head of a small
---     sorted set, which Redis keeps as a list it scans from the head)
+--     sorted set, which Redis keeps as a list it scans from the head; and,
+--     while many are in flight, LEASE_MARK)
 --   6 scheduled retries (zset: creation ordinal -> key of a SCHEDULED intent)
 --   7 audit log (stream)
 --
@@ -28,6 +29,18 @@ local call
 -- intent is audited, so a step without events wrote nothing and need not
 -- save the row (Tick runs often; a no-op must not cost an AOF write).
 local changed = false
+
+-- Redis keeps a small sorted set as a listpack, and every ZADD and ZREM
+-- scans it end to end, about a hundred instructions an entry: with dozens of
+-- a run's intents in flight, the leases cost more than the rest of a step.
+-- A set with a member longer than Redis keeps in a listpack (64 bytes) is a
+-- skiplist instead, where a member is found by its hash. So a step that
+-- leaves LEASE_MARK_AT or more intents in flight adds LEASE_MARK to the set
+-- (the batch's common path does), scored -inf so that it never comes due;
+-- it has spaces in it, so it never names an intent. A step that leaves none
+-- in flight removes it, and the set with it: an idle run keeps no set.
+local LEASE_MARK = 'lease set marker: while many leases are in flight this member keeps the set a skiplist'
+local LEASE_MARK_AT = 16
 
 -- The row is a table of strings, intents' fields included once a step
 -- writes them. loaded keeps the values read, so that a step writes back
@@ -453,6 +466,9 @@ local function commit(run, now)
     return
   end
   run.t = int(now)
+  if run['n:IN_FLIGHT'] == '0' and not (loaded and loaded['n:IN_FLIGHT'] == '0') then
+    call('ZREM', K_INFLIGHT, LEASE_MARK)
+  end
   local args = {'HSET', K_RUN}
   for k, v in pairs(run) do
     if not loaded or loaded[k] ~= v then
