@@ -199,6 +199,9 @@ local function run_steps(first, n)
   -- tables, and even one flat table costs Redis a walk, with a look-up for
   -- every kind of answer a table may stand for, and a string for each
   -- element; one string is one concatenation here.
+  -- The last guard's lease: its TTL, its expiry and its score in the lease
+  -- set. An instance's guards share one TTL, so a call makes each text once.
+  local lease_ttl, lease_s, lease_score
   o = first
   local j = 1
   while common and j <= n do
@@ -230,14 +233,19 @@ local function run_steps(first, n)
         local ord_n = (moved.o or tonumber(view.o)) + 1
         moved.o = ord_n
         local ord = int(ord_n)
-        local lease_s = int(now + tonumber(ARGV[o + 11]))
+        local ttl = ARGV[o + 11]
+        if ttl ~= lease_ttl then
+          lease_ttl = ttl
+          lease_s = int(now + tonumber(ttl))
+          lease_score = '-' .. lease_s
+        end
         local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 6]) ..
           '\n' .. esc_once(ARGV[o + 7]) .. '\n' .. esc_once(ARGV[o + 8])
         local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(ARGV[o + 10]) .. '\n\n\n'
         put('i:' .. key, imm)
         put('s:' .. key, mut)
         bump('n:IN_FLIGHT', 1)
-        zadd[#zadd + 1] = '-' .. lease_s
+        zadd[#zadd + 1] = lease_score
         zadd[#zadd + 1] = key
         entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
         out[j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
