@@ -22,10 +22,11 @@ import (
 // never the common path batch.lua writes out: what the batch is compared
 // with. A test-only script, not part of the library.
 var generalRules = newProgram("general", `
-if ARGV[2] == 'g' then
-  return {op_guard(2)}
+set_head(ARGV[1], ARGV[2], ARGV[3])
+if ARGV[4] == 'g' then
+  return {op_guard(4)}
 end
-return {op_finish(2)}
+return {op_finish(4)}
 `)
 
 // A batch is one call for any number of steps of any number of runs, with
@@ -60,7 +61,13 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	stale.ObservedVersion = 7
 	late := guard("", "late", true)
 	late.NotAfter = time.Now().Add(-time.Second)
+	// Another instance's guard and outcome: their own actor, lease owner
+	// and TTL, which the call sends with them (codes G and F).
+	theirs := guard("", "theirs", true)
+	theirs.Actor, theirs.LeaseOwner, theirs.LeaseTTL = "q", "q-owner", 2*time.Minute
 	steps := []BatchStep{
+		{Code: 'g', Guard: theirs},
+		{Code: 'f', Finish: state.FinishRequest{Key: "theirs", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 201, Actor: "q"}},
 		{Code: 'g', Guard: guard("", "base", false)},
 		{Code: 'f', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}},
 		{Code: 'g', Guard: late},
@@ -187,7 +194,8 @@ func oneByOne(ctx context.Context, t *testing.T, s *Store, run string, steps []B
 	t.Helper()
 	var out []string
 	for _, st := range steps {
-		args := append([]any{1, string(st.Code)}, st.args(run)...)
+		a := st.args(run)
+		args := append([]any{a.texts.actor, a.texts.owner, a.texts.ttl, string(st.Code)}, a.own...)
 		v, err := generalRules.script.Run(ctx, s.scripter, keysOf(run).list(), args...).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -241,7 +249,8 @@ func sameRecords(ctx context.Context, t *testing.T, s *Store, a, b string) {
 	}
 	for i := range insA {
 		x, y := insA[i], insB[i]
-		if x.Key != y.Key || x.State != y.State || x.Attempts != y.Attempts || x.Refusals != y.Refusals || x.Reason != y.Reason || x.Source != y.Source || x.StatusCode != y.StatusCode {
+		if x.Key != y.Key || x.State != y.State || x.Attempts != y.Attempts || x.Refusals != y.Refusals || x.Reason != y.Reason ||
+			x.Source != y.Source || x.StatusCode != y.StatusCode || x.LeaseOwner != y.LeaseOwner {
 			t.Errorf("intent %d: one by one %+v, batched %+v", i, x, y)
 		}
 	}
@@ -250,17 +259,18 @@ func sameRecords(ctx context.Context, t *testing.T, s *Store, a, b string) {
 	if len(evA) != len(evB) {
 		t.Fatalf("%d events one by one, %d batched", len(evA), len(evB))
 	}
-	// The events of the batch's common steps (the first five with an
+	// The events of the batch's common steps (the first seven with an
 	// event, up to the outcome for a record no longer in flight) are one
 	// entry of the audit stream; one by one, each is an entry of its own.
 	lenA := must2(s.rdb.XLen(ctx, keysOf(a).events).Result())(t)
 	lenB := must2(s.rdb.XLen(ctx, keysOf(b).events).Result())(t)
-	if lenA-lenB != 4 {
-		t.Errorf("%d stream entries one by one, %d batched: want the five common steps' events in one entry", lenA, lenB)
+	if lenA-lenB != 6 {
+		t.Errorf("%d stream entries one by one, %d batched: want the seven common steps' events in one entry", lenA, lenB)
 	}
 	for i := range evA {
 		x, y := evA[i], evB[i]
-		if x.Kind != y.Kind || x.From != y.From || x.To != y.To || x.Intent != y.Intent || x.Reason != y.Reason || x.Version != y.Version {
+		if x.Kind != y.Kind || x.From != y.From || x.To != y.To || x.Intent != y.Intent || x.Reason != y.Reason || x.Version != y.Version ||
+			x.Actor != y.Actor {
 			t.Errorf("event %d: one by one %+v, batched %+v", i, x, y)
 		}
 	}
@@ -286,13 +296,11 @@ func TestBatchKeepsAFailingRunToItself(t *testing.T) {
 			Target: "https://api.example/x", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p", NotAfter: time.Now().Add(time.Minute)}
 	}
 	runs := []string{"before", "broken", "after"}
-	args := []any{len(runs)}
-	var keys []string
+	var sent []*step
 	for _, run := range runs {
-		keys = append(keys, keysOf(run).list()...)
-		args = append(args, 1, "g")
-		args = append(args, guardArgs(guard(run))...)
+		sent = append(sent, &step{run: run, code: 'g', args: guardArgs(guard(run))})
 	}
+	keys, args := batchCall(sent)
 	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		t.Fatalf("the call failed as a whole: %v", err)

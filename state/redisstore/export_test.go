@@ -34,8 +34,8 @@ type BatchStep struct {
 	Finish state.FinishRequest
 }
 
-// args are the step's arguments after its code, for run.
-func (st BatchStep) args(run string) []any {
+// args are the step's arguments, for run.
+func (st BatchStep) args(run string) stepArgs {
 	if st.Code == 'g' {
 		req := st.Guard
 		req.RunID = run
@@ -49,16 +49,13 @@ func (st BatchStep) args(run string) []any {
 // callArgs are the KEYS and ARGV of one call of the batch program holding
 // steps for each of runs, a group per run, as the batcher joins them.
 func callArgs(runs []string, steps []BatchStep) ([]string, []any) {
-	var keys []string
-	args := []any{len(runs)}
+	var sent []*step
 	for _, run := range runs {
-		keys = append(keys, keysOf(run).list()...)
-		args = append(args, len(steps))
 		for _, st := range steps {
-			args = append(append(args, string(st.Code)), st.args(run)...)
+			sent = append(sent, &step{run: run, code: st.Code, args: st.args(run)})
 		}
 	}
-	return keys, args
+	return batchCall(sent)
 }
 
 // CallBatch sends steps, all of runID, as one call of the batch program,

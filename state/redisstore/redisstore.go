@@ -598,7 +598,22 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	return s.guardResult(ctx, req, r)
 }
 
-func guardArgs(req state.GuardRequest) []any {
+// stepArgs are one step's arguments for the batch program: its own, and
+// its texts, which a call sends once for every step that shares them
+// (batchCall).
+type stepArgs struct {
+	own   []any
+	texts stepTexts
+}
+
+// stepTexts are what the steps of an instance mostly share: the actor and,
+// for a guard, its lease's owner and TTL (ms).
+type stepTexts struct {
+	actor, owner string
+	ttl          int64
+}
+
+func guardArgs(req state.GuardRequest) stepArgs {
 	notBefore := ""
 	if !req.NotBefore.IsZero() {
 		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
@@ -608,8 +623,11 @@ func guardArgs(req state.GuardRequest) []any {
 		notAfter = strconv.FormatInt(req.NotAfter.UnixMilli(), 10)
 	}
 	flags := flag(req.ExplicitKey) + flag(req.AutoAdmit) + flag(req.AllowCancelling)
-	return []any{req.Actor, req.ObservedVersion, req.Key, flags, string(req.Boundary),
-		req.Method, req.Target, req.BodyDigest, notBefore, req.LeaseOwner, ms(req.LeaseTTL), notAfter, req.Refuse}
+	return stepArgs{
+		own: []any{req.ObservedVersion, req.Key, flags, string(req.Boundary),
+			req.Method, req.Target, req.BodyDigest, notBefore, notAfter, req.Refuse},
+		texts: stepTexts{actor: req.Actor, owner: req.LeaseOwner, ttl: ms(req.LeaseTTL)},
+	}
 }
 
 func (s *Store) guardResult(ctx context.Context, req state.GuardRequest, r reply) (state.GuardResult, error) {
@@ -675,8 +693,11 @@ func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done f
 	})
 }
 
-func finishArgs(req state.FinishRequest) []any {
-	return []any{req.Actor, req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason, req.Source}
+func finishArgs(req state.FinishRequest) stepArgs {
+	return stepArgs{
+		own:   []any{req.Key, req.Attempt, string(req.Outcome), req.StatusCode, req.Reason, req.Source},
+		texts: stepTexts{actor: req.Actor},
+	}
 }
 
 func finishResult(req state.FinishRequest, r reply) (state.Intent, error) {

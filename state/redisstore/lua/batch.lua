@@ -1,7 +1,9 @@
--- batch: ARGV g, then g groups, each the steps of one run: n, then n
--- steps, each a code and its arguments: 'g' and the 13 of op_guard, or 'f'
--- and the 7 of op_finish. KEYS: the seven per-run keys (prelude.lua) of
--- each group's run, group by group. On Redis Cluster a call holds one run
+-- batch: ARGV g, the call's head (actor, lease owner, lease ttl ms: the
+-- texts its steps mostly share, see set_head), then g groups, each the
+-- steps of one run: n, then n steps, each a code and its arguments: 'g'
+-- and the 10 of op_guard, 'f' and the 6 of op_finish, or in upper case the
+-- same and the step's own texts. KEYS: the seven per-run keys (prelude.lua)
+-- of each group's run, group by group. On Redis Cluster a call holds one run
 -- (its keys are one slot); on one Redis, the steps of every run queued
 -- meanwhile, so that a fleet's runs share calls.
 --
@@ -90,8 +92,9 @@ local function run_steps(first, n)
   -- another is asked again; its later guards are then named one by one.)
   local guards, last, last_at = nil, nil, 0
   for _ = 1, n do
-    if ARGV[o] == 'g' then
-      local base = ARGV[o + 3]
+    local code = ARGV[o]
+    if code == 'g' or code == 'G' then
+      local base = ARGV[o + 2]
       if base == last then
         guards = guards or {}
         guards[last_at] = (guards[last_at] or 1) + 1
@@ -99,17 +102,16 @@ local function run_steps(first, n)
         fields[#fields + 1] = 's:' .. base
         last, last_at = base, #fields
       end
-      o = o + 14
     else
-      fields[#fields + 1] = 's:' .. ARGV[o + 2]
-      fields[#fields + 1] = 'i:' .. ARGV[o + 2]
-      local count = 'n:' .. ARGV[o + 4]
+      fields[#fields + 1] = 's:' .. ARGV[o + 1]
+      fields[#fields + 1] = 'i:' .. ARGV[o + 1]
+      local count = 'n:' .. ARGV[o + 3]
       if not counted[count] then
         counted[count] = true
         fields[#fields + 1] = count
       end
-      o = o + 8
     end
+    o = o + STEP_ARGS[code]
   end
   local vals = call('HMGET', K_RUN, unpack(fields))
   local view = {}
@@ -205,13 +207,15 @@ local function run_steps(first, n)
   o = first
   local j = 1
   while common and j <= n do
-    if ARGV[o] == 'g' then
-      local actor, observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-      local not_after = tonumber(ARGV[o + 12])
+    local code = ARGV[o]
+    if code == 'g' or code == 'G' then
+      local observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
+      local actor, owner, ttl = guard_texts(o)
+      local not_after = tonumber(ARGV[o + 9])
       if not_after and at > not_after then
         out[j] = reply('late')
-      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 9] ~= '' or
-          (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 13] ~= '' then
+      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 8] ~= '' or
+          (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 10] ~= '' then
         -- An explicit key seen before, a scheduled retry, a stale version,
         -- an edge's own refusal: the general rules.
         common = false
@@ -233,15 +237,14 @@ local function run_steps(first, n)
         local ord_n = (moved.o or tonumber(view.o)) + 1
         moved.o = ord_n
         local ord = int(ord_n)
-        local ttl = ARGV[o + 11]
         if ttl ~= lease_ttl then
           lease_ttl = ttl
           lease_s = int(now + tonumber(ttl))
           lease_score = '-' .. lease_s
         end
-        local imm = ARGV[o + 5] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 6]) ..
-          '\n' .. esc_once(ARGV[o + 7]) .. '\n' .. esc_once(ARGV[o + 8])
-        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(ARGV[o + 10]) .. '\n\n\n'
+        local imm = ARGV[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 5]) ..
+          '\n' .. esc_once(ARGV[o + 6]) .. '\n' .. esc_once(ARGV[o + 7])
+        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(owner) .. '\n\n\n'
         put('i:' .. key, imm)
         put('s:' .. key, mut)
         bump('n:IN_FLIGHT', 1)
@@ -250,21 +253,21 @@ local function run_steps(first, n)
         entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
         out[j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
       end
-      o = o + 14
     else
-      local actor, key, outcome = ARGV[o + 1], ARGV[o + 2], ARGV[o + 4]
+      local key, outcome = ARGV[o + 1], ARGV[o + 3]
+      local actor = finish_actor(o)
       local sk = 's:' .. key
       local mut = view[sk]
       local from, attempts, refusals
       if mut then
         from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
       end
-      if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 3] or outcome == 'IN_FLIGHT' then
+      if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 2] or outcome == 'IN_FLIGHT' then
         common = false
         break
       end
-      local reason, source = ARGV[o + 6], ARGV[o + 7]
-      mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 5] .. ' 0 ' .. now_s .. ' -\n\n' ..
+      local reason, source = ARGV[o + 5], ARGV[o + 6]
+      mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 4] .. ' 0 ' .. now_s .. ' -\n\n' ..
         esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
       put(sk, mut)
       bump('n:IN_FLIGHT', -1)
@@ -273,8 +276,8 @@ local function run_steps(first, n)
       entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
         esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
       out[j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
-      o = o + 8
     end
+    o = o + STEP_ARGS[code]
     j = j + 1
   end
   if j > 1 then
@@ -310,13 +313,13 @@ local function run_steps(first, n)
   -- The rest, one by one.
   while j <= n do
     changed, loaded = false, nil
-    if ARGV[o] == 'g' then
+    local code = ARGV[o]
+    if code == 'g' or code == 'G' then
       out[j] = op_guard(o)
-      o = o + 14
     else
       out[j] = op_finish(o)
-      o = o + 8
     end
+    o = o + STEP_ARGS[code]
     j = j + 1
   end
   return out
@@ -326,17 +329,14 @@ end
 local function after_steps(first, n)
   local o = first
   for _ = 1, n do
-    if ARGV[o] == 'g' then
-      o = o + 14
-    else
-      o = o + 8
-    end
+    o = o + STEP_ARGS[ARGV[o]]
   end
   return o
 end
 
 local answers = {}
-local o = 2
+set_head(ARGV[2], ARGV[3], ARGV[4])
+local o = 5
 for g = 1, tonumber(ARGV[1]) do
   local n = tonumber(ARGV[o])
   local first = o + 1

@@ -8,23 +8,54 @@
 -- The two must give the same answers: the conformance suite runs through
 -- both (statetest), and TestBatchAnswersAsStepsOneByOne compares them.
 
+-- The texts most steps of a call share, sent once in its head (batch.lua):
+-- the actor, and for a guard the lease's owner and TTL (ms). A step whose
+-- code is in upper case ('G', 'F') carries its own instead, after its
+-- other arguments. set_head sets them for the call.
+local head_actor, head_owner, head_ttl
+
+local function set_head(actor, owner, ttl)
+  head_actor, head_owner, head_ttl = actor, owner, ttl
+end
+
+-- How many arguments a step takes, its code included.
+local STEP_ARGS = {g = 11, G = 14, f = 7, F = 8}
+
+-- The actor, lease owner and TTL of the guard at A[o].
+local function guard_texts(o)
+  if A[o] == 'G' then
+    return A[o + 11], A[o + 12], A[o + 13]
+  end
+  return head_actor, head_owner, head_ttl
+end
+
+-- The actor of the outcome at A[o].
+local function finish_actor(o)
+  if A[o] == 'F' then
+    return A[o + 7]
+  end
+  return head_actor
+end
+
 -- The fields the guard reads: the row's status and version, its last
 -- time, its ordinal counter and the count the guard moves.
 local GUARD_FIELDS = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
 
--- op_guard: A[o+1..o+13] actor, observed version, key, flags (three
--- characters, 1/0: explicit key, auto-admit, allow cancelling), boundary,
--- method, target, body digest, not_before ms ('' to dispatch now), lease
--- owner, lease ttl ms, not_after ms ('' for no fence), refuse (a reason the
--- edge already refused the effect for, '' for none).
+-- op_guard: A[o+1..o+10] observed version, key, flags (three characters,
+-- 1/0: explicit key, auto-admit, allow cancelling), boundary, method,
+-- target, body digest, not_before ms ('' to dispatch now), not_after ms (''
+-- for no fence), refuse (a reason the edge already refused the effect for,
+-- '' for none); then, for 'G', actor, lease owner and lease ttl ms
+-- (guard_texts).
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
 local function op_guard(o)
-  local actor, observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
-  local boundary, method, target, digest = A[o + 5], A[o + 6], A[o + 7], A[o + 8]
-  local not_before, owner, ttl, not_after = A[o + 9], A[o + 10], tonumber(A[o + 11]), tonumber(A[o + 12])
-  local refuse = A[o + 13]
+  local observed_s, base, flags, boundary = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
+  local method, target, digest, not_before = A[o + 5], A[o + 6], A[o + 7], A[o + 8]
+  local not_after, refuse = tonumber(A[o + 9]), A[o + 10]
+  local actor, owner, ttl = guard_texts(o)
+  ttl = tonumber(ttl)
   local explicit = string.byte(flags, 1) == 49
   local auto = string.byte(flags, 2) == 49
   local allow_cancelling = string.byte(flags, 3) == 49
@@ -174,15 +205,16 @@ local function op_guard(o)
   return reply('ok', '', {status = run.status, v = run.v}, rec)
 end
 
--- op_finish: A[o+1..o+7] actor, key, attempt, outcome, status code,
--- reason, source.
+-- op_finish: A[o+1..o+6] key, attempt, outcome, status code, reason,
+-- source; then, for 'F', actor (finish_actor).
 -- Records what happened to an IN_FLIGHT intent (or a late answer for one a
 -- deadline turned UNKNOWN), then moves a cancelled run on. A repeat of a
 -- finish that already landed is refused, never applied twice. Its common
 -- path reads and rewrites the moving half of the record (s:KEY) alone.
 local function op_finish(o)
-  local actor, key, attempt, outcome = A[o + 1], A[o + 2], tonumber(A[o + 3]), A[o + 4]
-  local code, reason, source = tonumber(A[o + 5]), A[o + 6], A[o + 7]
+  local key, attempt, outcome = A[o + 1], tonumber(A[o + 2]), A[o + 3]
+  local code, reason, source = tonumber(A[o + 4]), A[o + 5], A[o + 6]
+  local actor = finish_actor(o)
   local sk, ik = 's:' .. key, 'i:' .. key
   local run = load_fields({'status', 'o', 'v', 't', 'drain', 'n:IN_FLIGHT', 'n:UNKNOWN', 'n:' .. outcome, sk, ik})
   if not run then
@@ -201,7 +233,7 @@ local function op_finish(o)
   end
   if attempt ~= attempts then
     return reply('conflict', 'stale_attempt', load_run(), {key, imm, mut},
-      'report for attempt ' .. A[o + 3] .. ', latest is ' .. int(attempts))
+      'report for attempt ' .. A[o + 2] .. ', latest is ' .. int(attempts))
   end
   local now = now_ms(run)
   if late then
