@@ -20,6 +20,12 @@ const (
 	HeaderRunToken   = "X-Run-Token"
 )
 
+// keyRunID is HeaderRunID as net/http keys it (http.CanonicalHeaderKey):
+// every request looks it up and strips it, and a name not in canonical
+// form is canonicalized into a new string at each lookup. The other names
+// are canonical as they are spelled.
+const keyRunID = "X-Run-Id"
+
 // identity is the run a request belongs to and the cancel_version its
 // worker observed (0: none given).
 type identity struct {
@@ -82,12 +88,15 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	// Two values of a header that names the run are two answers to one
 	// question: refused, rather than letting the first (or the last) win
 	// where a client and something in front of it disagree.
-	for _, k := range [...]string{HeaderRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization"} {
+	for _, k := range [...]string{keyRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization"} {
 		if n := len(h.Values(k)); n > 1 {
+			if k == keyRunID {
+				k = HeaderRunID // as the contract spells it
+			}
 			return identity{}, fmt.Errorf("%w: %d %s headers: send one", state.ErrInvalid, n, k)
 		}
 	}
-	run := h.Get(HeaderRunID)
+	run := h.Get(keyRunID)
 	if tok := h.Get(HeaderRunToken); tok != "" {
 		if h.Get(HeaderRunVersion) != "" {
 			return identity{}, fmt.Errorf("%w: %s and %s together: the token carries the version", state.ErrInvalid, HeaderRunToken, HeaderRunVersion)
@@ -97,7 +106,7 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	if auth := h.Get("Proxy-Authorization"); run != "" && auth != "" && tc.signer != nil {
 		// A token as the proxy password next to X-Run-ID: the token is the
 		// identity, and the header must name its run.
-		if user, pass, ok := basicCredentials(auth); ok && runtoken.IsToken(pass) {
+		if user, pass, err := basicCredentials(auth); err == nil && runtoken.IsToken(pass) {
 			if h.Get(HeaderRunVersion) != "" {
 				return identity{}, fmt.Errorf("%w: %s and a run token together: the token carries the version", state.ErrInvalid, HeaderRunVersion)
 			}
@@ -129,29 +138,26 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	return identity{}, errNoIdentity
 }
 
-// basicCredentials reads Basic user:password; ok is false if it is not that.
-func basicCredentials(auth string) (user, pass string, ok bool) {
+// basicCredentials reads Basic user:password; the error, a badCredentials,
+// says what else it is.
+func basicCredentials(auth string) (user, pass string, err error) {
 	scheme, encoded, found := strings.Cut(auth, " ")
 	if !found || !strings.EqualFold(scheme, "Basic") {
-		return "", "", false
+		return "", "", badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
 	}
 	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
 	if err != nil {
-		return "", "", false
+		return "", "", badCredentials{"Proxy-Authorization is not valid base64"}
 	}
 	user, pass, _ = strings.Cut(string(raw), ":")
-	return user, pass, true
+	return user, pass, nil
 }
 
 func fromCredentials(auth string, tc tokenCheck) (identity, error) {
-	scheme, encoded, ok := strings.Cut(auth, " ")
-	if !ok || !strings.EqualFold(scheme, "Basic") {
-		return identity{}, badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
+	run, pass, err := basicCredentials(auth)
+	if err != nil {
+		return identity{}, err
 	}
-	if _, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded)); err != nil {
-		return identity{}, badCredentials{"Proxy-Authorization is not valid base64"}
-	}
-	run, pass, _ := basicCredentials(auth)
 	if err := state.ValidateRunID(run); err != nil {
 		return identity{}, badCredentials{"proxy credentials user (the run id): " + err.Error()}
 	}
@@ -178,7 +184,7 @@ func parseVersion(s string) (int64, error) {
 
 // stripIdentity removes what names the run from a request bound upstream.
 func stripIdentity(h http.Header) {
-	for _, k := range []string{HeaderRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization", "Proxy-Connection"} {
+	for _, k := range [...]string{keyRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization", "Proxy-Connection"} {
 		h.Del(k)
 	}
 }

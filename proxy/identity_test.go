@@ -11,6 +11,12 @@ import (
 	"github.com/stopgate/stopgate/state"
 )
 
+func TestRunIDKeyIsTheOneNetHTTPStores(t *testing.T) {
+	if got := http.CanonicalHeaderKey(HeaderRunID); got != keyRunID {
+		t.Fatalf("net/http keys %s as %q; keyRunID is %q, so the proxy would not see the header", HeaderRunID, got, keyRunID)
+	}
+}
+
 func TestIdentifyPrecedence(t *testing.T) {
 	basic := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
 	static := &identity{run: "static", via: "static"}

@@ -230,7 +230,7 @@ func New(cfg Config) (*Proxy, error) {
 
 // ServeHTTP serves proxy traffic.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr); local != nil && p.outbound.has(r.RemoteAddr, local.String()) {
+	if local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr); local != nil && p.outbound.has(r.RemoteAddr, local) {
 		p.refuseEarly(w, r, refusal.New(refusal.DestinationDenied,
 			"this request came back to stopgate through its own egress: none of stopgate's listeners is a destination; nothing was sent"))
 		return

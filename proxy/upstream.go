@@ -74,18 +74,32 @@ type connEnds struct{ local, remote netip.AddrPort }
 
 // endsOf normalizes two addresses (an IPv4 address seen through an IPv6
 // socket is the IPv4 one); ok is false for anything but IP:port.
-func endsOf(local, remote string) (connEnds, bool) {
-	l, err1 := netip.ParseAddrPort(local)
-	r, err2 := netip.ParseAddrPort(remote)
-	if err1 != nil || err2 != nil {
+func endsOf(local, remote net.Addr) (connEnds, bool) {
+	l, ok1 := addrPortOf(local)
+	r, ok2 := addrPortOf(remote)
+	if !ok1 || !ok2 {
 		return connEnds{}, false
 	}
-	unmap := func(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
-	return connEnds{local: unmap(l), remote: unmap(r)}, true
+	return connEnds{local: unmapped(l), remote: unmapped(r)}, true
+}
+
+// addrPortOf is a TCP address as a netip.AddrPort, read from the address
+// itself rather than from its String: the proxy asks this of every request.
+func addrPortOf(a net.Addr) (netip.AddrPort, bool) {
+	if t, ok := a.(*net.TCPAddr); ok {
+		ap := t.AddrPort()
+		return ap, ap.Addr().IsValid()
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	return ap, err == nil
+}
+
+func unmapped(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
 
 func (s *outboundSet) track(c net.Conn) net.Conn {
-	ends, ok := endsOf(c.LocalAddr().String(), c.RemoteAddr().String())
+	ends, ok := endsOf(c.LocalAddr(), c.RemoteAddr())
 	if !ok {
 		return c
 	}
@@ -105,11 +119,15 @@ func (s *outboundSet) track(c net.Conn) net.Conn {
 // has reports whether a connection accepted from remote on local (a
 // request's RemoteAddr, and the listener address it reached) is one of the
 // proxy's own upstream connections, seen from its other end.
-func (s *outboundSet) has(remote, local string) bool {
-	ends, ok := endsOf(remote, local)
-	if !ok {
+func (s *outboundSet) has(remote string, local net.Addr) bool {
+	r, err := netip.ParseAddrPort(remote)
+	l, ok := addrPortOf(local)
+	if err != nil || !ok {
 		return false
 	}
+	// Seen from this end, the client's address is the upstream
+	// connection's local end.
+	ends := connEnds{local: unmapped(r), remote: unmapped(l)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok = s.conns[ends]

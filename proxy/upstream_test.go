@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net"
+	"net/netip"
 	"testing"
 )
 
@@ -28,18 +29,21 @@ func TestOutboundSetKnowsAConnectionByBothEnds(t *testing.T) {
 	}
 	var set outboundSet
 	c := set.track(raw)
-	local, remote := raw.LocalAddr().String(), raw.RemoteAddr().String()
-	mapped := "[::ffff:" + raw.RemoteAddr().(*net.TCPAddr).IP.String() + "]:" + portOf(t, remote)
+	local, remote := raw.LocalAddr().String(), raw.RemoteAddr()
+	mapped := tcpAddr(t, "[::ffff:"+remote.(*net.TCPAddr).IP.String()+"]:"+portOf(t, remote.String()))
 	for _, tc := range []struct {
-		name          string
-		from, arrived string
-		want          bool
+		name    string
+		from    string
+		arrived net.Addr
+		want    bool
 	}{
 		{"the far end of our own connection", local, remote, true},
 		{"the same, seen through an IPv6 socket", local, mapped, true},
-		{"the same source port, another listener", local, "127.0.0.1:1", false},
+		{"the same, named by a string", local, stringAddr(remote.String()), true},
+		{"the same source port, another listener", local, tcpAddr(t, "127.0.0.1:1"), false},
 		{"another source port, the same listener", "127.0.0.1:1", remote, false},
 		{"not an address", "pipe", remote, false},
+		{"not a TCP listener", local, &net.UnixAddr{Name: "/tmp/s", Net: "unix"}, false},
 	} {
 		if got := set.has(tc.from, tc.arrived); got != tc.want {
 			t.Errorf("%s: has(%s, %s) = %v, want %v", tc.name, tc.from, tc.arrived, got, tc.want)
@@ -50,6 +54,22 @@ func TestOutboundSetKnowsAConnectionByBothEnds(t *testing.T) {
 		t.Errorf("a closed connection is still known")
 	}
 }
+
+func tcpAddr(t *testing.T, s string) net.Addr {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.TCPAddrFromAddrPort(ap)
+}
+
+// stringAddr is an address known only by its String, as a listener that
+// is not net's TCP listener may report it.
+type stringAddr string
+
+func (a stringAddr) Network() string { return "tcp" }
+func (a stringAddr) String() string  { return string(a) }
 
 func portOf(t *testing.T, hostport string) string {
 	t.Helper()
