@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,21 @@ type cutError struct {
 }
 
 func (e *cutError) Error() string { return "cut by stopgate: " + e.reason }
+
+// cutOf is the cut that ended ctx: nil while ctx is alive, or when it
+// ended otherwise. Every request's outcome and last read ask it, of a
+// context that is nearly always alive: that answer comes without
+// errors.As, whose target escapes to the heap.
+func cutOf(ctx context.Context) *cutError {
+	if ctx.Err() == nil {
+		return nil
+	}
+	var ce *cutError
+	if errors.As(context.Cause(ctx), &ce) {
+		return ce
+	}
+	return nil
+}
 
 func safeMethod(m string) bool {
 	switch m {

@@ -125,7 +125,10 @@ type Proxy struct {
 	outbound  outboundSet
 	limits    *limits
 	seen      *seenRows
-	mitmTLS   func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
+	// upstream is roundTrip as goproxy takes it, made once: a method
+	// value made per request is an allocation per request.
+	upstream goproxy.RoundTripper
+	mitmTLS  func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
 }
 
 // New builds a proxy from cfg and registers its open flows with the watcher.
@@ -183,6 +186,7 @@ func New(cfg Config) (*Proxy, error) {
 		seen:   newSeenRows(4096),
 	}
 	p.flows.seen = p.seen
+	p.upstream = goproxy.RoundTripperFunc(p.roundTrip)
 	if cfg.StaticRun != "" {
 		if err := state.ValidateRunID(cfg.StaticRun); err != nil {
 			return nil, fmt.Errorf("static run: %w", err)

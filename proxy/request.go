@@ -39,10 +39,16 @@ type exchange struct {
 	store time.Duration
 	// slot is a tunnel's place under the caps on open exchanges.
 	slot *slot
-	// dest is a pass-through tunnel's checked destination.
+	// dest is the checked destination of a request or a pass-through
+	// tunnel, which its dial reads.
 	dest target
 	// detail is for the operator, in the decision's line.
 	detail string
+	// wrote is set once a byte of the request may have left for the
+	// upstream, by trace: its round trip's hooks, kept here so that they
+	// cost no allocation of their own.
+	wrote atomic.Bool
+	trace httptrace.ClientTrace
 }
 
 // exchangeOf returns the exchange of a goproxy context, nil if it has none.
@@ -180,10 +186,11 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		return req, p.refuse(req, ex, boundary, r)
 	}
 	// The round trip dials the addresses the destination check resolved.
-	ctx, cut := context.WithCancelCause(withTarget(req.Context(), dest))
+	ex.dest = dest
+	ctx, cut := context.WithCancelCause(withTarget(req.Context(), &ex.dest))
 	ex.ctx, ex.flow.cut = ctx, cut
 	p.flows.add(ex.flow)
-	pctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
+	pctx.RoundTripper = p.upstream
 	return req, nil
 }
 
@@ -322,22 +329,20 @@ func (p *Proxy) bodyRefusal(req *http.Request, err error) *refusal.Refusal {
 func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
 	ex := exchangeOf(pctx)
 	f := ex.flow
-	var wrote atomic.Bool
-	trace := &httptrace.ClientTrace{
-		WroteHeaderField: func(string, []string) { wrote.Store(true) },
-		WroteHeaders:     func() { wrote.Store(true) },
+	ex.trace = httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { ex.wrote.Store(true) },
+		WroteHeaders:     func() { ex.wrote.Store(true) },
 	}
-	resp, err := p.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(ex.ctx, trace)))
+	resp, err := p.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(ex.ctx, &ex.trace)))
 	if err != nil {
 		defer p.flows.remove(f)
 		defer closeBody(ex.body)
 		outcome, reason, source := state.IntentNotSent, "upstream: "+err.Error(), ""
-		if wrote.Load() {
+		if ex.wrote.Load() {
 			outcome = state.IntentUnknown
 		}
 		code := refusal.UpstreamFailed
-		var ce *cutError
-		if errors.As(context.Cause(ex.ctx), &ce) {
+		if ce := cutOf(ex.ctx); ce != nil {
 			reason, code = ce.reason, refusal.RunNotActive
 			// Cut after its bytes left: a request without effect is known
 			// not to have applied, so the run need not wait on an operator.
@@ -368,14 +373,10 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	resp.Header.Del(refusal.Header)
 	resp.Header.Set(refusal.IntentHeader, f.intent.Key)
 	upstreamBody := resp.Body
+	body := &flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: !ex.inTunnel}
 	// A cut closes the body itself: an upgraded connection (WebSocket) no
 	// longer listens to the request's context.
-	stopCloser := context.AfterFunc(ex.ctx, func() { _ = upstreamBody.Close() })
-	body := &flowBody{
-		ReadCloser: upstreamBody, ctx: ex.ctx, abort: !ex.inTunnel,
-		cutSeen: func(ce *cutError) { p.cutAnswer(req.Context(), ex, ce) },
-		done:    func() { stopCloser(); p.flows.remove(f); f.cut(nil) },
-	}
+	body.stopCloser = context.AfterFunc(ex.ctx, func() { _ = upstreamBody.Close() })
 	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 		// goproxy writes the client's frames into an upgraded body, and
 		// reads it outside any handler: a cut closes both sides instead.
@@ -423,9 +424,10 @@ func finished(ex *exchange, outcome state.IntentState, code int) telemetry.Decis
 	d := ex.decision(f.boundary, f.method, f.host)
 	d.Result, d.Intent, d.Recorded, d.StatusCode = telemetry.Finished, f.intent.Key, outcome, code
 	d.Bytes = f.bytes
-	var ce *cutError
-	if ex.ctx != nil && errors.As(context.Cause(ex.ctx), &ce) {
-		d.Result, d.Reason = telemetry.Cut, ce.reason
+	if ex.ctx != nil {
+		if ce := cutOf(ex.ctx); ce != nil {
+			d.Result, d.Reason = telemetry.Cut, ce.reason
+		}
 	}
 	return d
 }
@@ -457,19 +459,22 @@ func (p *Proxy) cutAnswer(ctx context.Context, ex *exchange, ce *cutError) {
 // an error the client sees.
 type flowBody struct {
 	io.ReadCloser
-	// ctx is cancelled, with a *cutError cause, when the flow is cut.
-	ctx context.Context
+	p *Proxy
+	// ex is the exchange whose answer this is: its ctx is cancelled, with
+	// a *cutError cause, when its flow is cut.
+	ex *exchange
+	// reqCtx is the request's context, for the line of a cut answer.
+	reqCtx context.Context
 	// abort: the answer goes back through net/http's server (a plain
 	// request), which ends a body that stops early with a clean last
 	// chunk; only aborting the handler makes the cut visible there.
 	// Inside a tunnel the answer is written on the connection itself,
 	// which a read error leaves without its last chunk.
 	abort bool
-	// cutSeen is told of the cut once, when a read first meets it.
-	cutSeen func(*cutError)
-	seen    atomic.Bool
-	once    atomic.Bool
-	done    func()
+	// stopCloser stops a cut from closing the body once it is done.
+	stopCloser func() bool
+	seen       atomic.Bool
+	once       atomic.Bool
 }
 
 // Read passes the body on; once the flow is cut, whatever the upstream's
@@ -479,12 +484,13 @@ func (b *flowBody) Read(p []byte) (int, error) {
 	if err == nil {
 		return n, nil
 	}
-	var ce *cutError
-	if !errors.As(context.Cause(b.ctx), &ce) {
+	ce := cutOf(b.ex.ctx)
+	if ce == nil {
 		return n, err
 	}
 	if b.seen.CompareAndSwap(false, true) {
-		b.cutSeen(ce)
+		// Told once, when a read first meets the cut.
+		b.p.cutAnswer(b.reqCtx, b.ex, ce)
 	}
 	if b.abort {
 		// net/http's server recovers this one and drops the connection
@@ -497,7 +503,10 @@ func (b *flowBody) Read(p []byte) (int, error) {
 func (b *flowBody) Close() error {
 	err := b.ReadCloser.Close()
 	if b.once.CompareAndSwap(false, true) {
-		b.done()
+		b.stopCloser()
+		f := b.ex.flow
+		b.p.flows.remove(f)
+		f.cut(nil)
 	}
 	return err
 }

@@ -115,7 +115,7 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 	p.flows.add(f)
 	defer p.flows.remove(f)
 
-	dctx, cancel := context.WithTimeout(withTarget(ctx, ex.dest), p.cfg.DialTimeout)
+	dctx, cancel := context.WithTimeout(withTarget(ctx, &ex.dest), p.cfg.DialTimeout)
 	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
@@ -166,8 +166,7 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 		case <-ctx.Done():
 			closeBoth()
 			reason := "cut"
-			var ce *cutError
-			if errors.As(context.Cause(ctx), &ce) {
+			if ce := cutOf(ctx); ce != nil {
 				reason = ce.reason
 			}
 			outcome := state.IntentNotSent

@@ -16,13 +16,20 @@ import (
 // differently. Only the proxy sets it; nothing a client sends can.
 type targetKey struct{}
 
-func withTarget(ctx context.Context, t target) context.Context {
+// withTarget carries t by its address (an exchange's, which lives as long
+// as the request), so that a request boxes no copy of it: t must not
+// change once it is in a context, as the dial reads it on the transport's
+// goroutine.
+func withTarget(ctx context.Context, t *target) context.Context {
 	return context.WithValue(ctx, targetKey{}, t)
 }
 
 func targetOf(ctx context.Context) (target, bool) {
-	t, ok := ctx.Value(targetKey{}).(target)
-	return t, ok
+	t, ok := ctx.Value(targetKey{}).(*target)
+	if !ok {
+		return target{}, false
+	}
+	return *t, true
 }
 
 // dial is the one function every upstream connection goes through: plain
