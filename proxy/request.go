@@ -374,10 +374,16 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	resp.Header.Set(refusal.IntentHeader, f.intent.Key)
 	upstreamBody := resp.Body
 	body := &flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: !ex.inTunnel}
-	// A cut closes the body itself: an upgraded connection (WebSocket) no
-	// longer listens to the request's context.
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		// A cut ends the body through the transport, which watches the
+		// request's context until the body is read.
+		resp.Body = body
+		return resp, nil
+	}
+	// An upgraded connection (WebSocket) no longer listens to the
+	// request's context: a cut closes it itself.
 	body.stopCloser = context.AfterFunc(ex.ctx, func() { _ = upstreamBody.Close() })
-	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+	if rw, ok := upstreamBody.(io.ReadWriteCloser); ok {
 		// goproxy writes the client's frames into an upgraded body, and
 		// reads it outside any handler: a cut closes both sides instead.
 		body.abort = false
@@ -471,7 +477,8 @@ type flowBody struct {
 	// Inside a tunnel the answer is written on the connection itself,
 	// which a read error leaves without its last chunk.
 	abort bool
-	// stopCloser stops a cut from closing the body once it is done.
+	// stopCloser, for an upgraded connection, stops a cut from closing
+	// the body once it is done.
 	stopCloser func() bool
 	seen       atomic.Bool
 	once       atomic.Bool
@@ -503,7 +510,9 @@ func (b *flowBody) Read(p []byte) (int, error) {
 func (b *flowBody) Close() error {
 	err := b.ReadCloser.Close()
 	if b.once.CompareAndSwap(false, true) {
-		b.stopCloser()
+		if b.stopCloser != nil {
+			b.stopCloser()
+		}
 		f := b.ex.flow
 		b.p.flows.remove(f)
 		f.cut(nil)
