@@ -49,6 +49,11 @@ type exchange struct {
 	// cost no allocation of their own.
 	wrote atomic.Bool
 	trace httptrace.ClientTrace
+	// line is the outcome's decision line while its record is queued, and
+	// lineStarted when it was queued: kept here, the callback that writes
+	// the line holds pointers only, and the line costs no allocation.
+	line        telemetry.Decision
+	lineStarted time.Time
 }
 
 // exchangeOf returns the exchange of a goproxy context, nil if it has none.
@@ -141,8 +146,12 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL),
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
+	// The whole URL names an effect without a key, with its body if any:
+	// written out once for both.
+	var rawURL string
 	if !explicit {
-		greq.Key = intents.DerivedKey(id.run, req.Method, req.URL.String(), "")
+		rawURL = req.URL.String()
+		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
 	}
 	dest, r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq)
 	if r != nil {
@@ -179,7 +188,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	}
 	if !explicit && greq.BodyDigest != "" {
 		// The key derived above, now with the body it carries.
-		greq.Key = intents.DerivedKey(id.run, req.Method, req.URL.String(), greq.BodyDigest)
+		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, greq.BodyDigest)
 	}
 	if r := p.guard(req, ex, greq); r != nil {
 		closeBody(ex.body)
@@ -414,13 +423,13 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 // queued in the store, before any later step of this instance, and its
 // line is written once it is recorded.
 func (p *Proxy) finishLater(ctx context.Context, ex *exchange, outcome state.IntentState, code int) {
-	started := time.Now()
-	d := finished(ex, outcome, code)
+	ex.lineStarted = time.Now()
+	ex.line = finished(ex, outcome, code)
 	// The ledger records it whatever becomes of ctx; the line, written
 	// later, only takes ctx's values.
 	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
 		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome, StatusCode: code,
-	}, func(_ state.Intent, err error) { p.recorded(ctx, d, started, err) })
+	}, func(_ state.Intent, err error) { p.recorded(ctx, ex.line, ex.lineStarted, err) })
 }
 
 // finished is the decision line of the exchange's outcome, as things
