@@ -143,16 +143,18 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	}
 	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: key, ExplicitKey: explicit,
-		Boundary: boundary, Method: req.Method, Target: recordedTarget(req.URL),
+		Boundary: boundary, Method: req.Method,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	// The whole URL names an effect without a key, with its body if any:
-	// written out once for both.
+	// A request without a key is named by its whole URL (with its body,
+	// if any), written out once; the ledger's record of the target is
+	// often the same string.
 	var rawURL string
 	if !explicit {
 		rawURL = req.URL.String()
 		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
 	}
+	greq.Target = recordedTarget(req.URL, rawURL)
 	dest, r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq)
 	if r != nil {
 		return req, p.refuse(req, ex, boundary, r)
@@ -546,7 +548,15 @@ func closeBody(b *spooledBody) {
 
 // recordedTarget is the URL kept in the ledger: without credentials or
 // query, which often carry secrets; the derived key still covers the query.
-func recordedTarget(u *url.URL) string {
+// whole is u.String() when the caller has written it out ("" when not):
+// with nothing to leave out, it is the record as it is.
+func recordedTarget(u *url.URL, whole string) string {
+	if u.User == nil && u.RawQuery == "" && u.Fragment == "" {
+		if whole == "" {
+			whole = u.String()
+		}
+		return state.Clip(whole, state.MaxTargetLen)
+	}
 	c := *u
 	c.User = nil
 	c.RawQuery = ""
