@@ -12,6 +12,12 @@ import (
 	"github.com/stopgate/stopgate/internal/redisserver"
 )
 
+// benchStoreTimeout bounds the Redis store's steps and the ledger's calls
+// alike, as stopgate serve's one --store-timeout does: under two bounds
+// every guard would carry a second deadline (a timer, a context) that a
+// deployed proxy does not make.
+const benchStoreTimeout = 2 * time.Second
+
 // BenchmarkPOST measures one small POST to a loopback upstream: directly,
 // and through stopgate on each store, side by side in one run so that the
 // ratios mean something on a shared, noisy machine. Through stopgate a
@@ -32,13 +38,13 @@ func BenchmarkPOST(b *testing.B) {
 		}},
 		{"stopgate-redis", func(b *testing.B) *http.Client {
 			srv := redisserver.Start(b, redisserver.Options{})
-			e := newEnv(b, envOptions{store: newRedisStore(b, srv, 2*time.Second)})
+			e := newEnv(b, envOptions{store: newRedisStore(b, srv, benchStoreTimeout), storeTimeout: benchStoreTimeout})
 			e.admit("bench")
 			return e.client("bench", 1)
 		}},
 		{"stopgate-redis-aof-always", func(b *testing.B) *http.Client {
 			srv := redisserver.Start(b, redisserver.Options{AppendFsyncAlways: true})
-			e := newEnv(b, envOptions{store: newRedisStore(b, srv, 2*time.Second)})
+			e := newEnv(b, envOptions{store: newRedisStore(b, srv, benchStoreTimeout), storeTimeout: benchStoreTimeout})
 			e.admit("bench")
 			return e.client("bench", 1)
 		}},
@@ -78,7 +84,7 @@ func BenchmarkGET64(b *testing.B) {
 		{"stopgate-embedded", func(*testing.B) envOptions { return envOptions{} }},
 		{"stopgate-redis", func(b *testing.B) envOptions {
 			srv := redisserver.Start(b, redisserver.Options{})
-			return envOptions{store: newRedisStore(b, srv, 2*time.Second)}
+			return envOptions{store: newRedisStore(b, srv, benchStoreTimeout), storeTimeout: benchStoreTimeout}
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
