@@ -141,73 +141,93 @@ func BenchmarkBatchCall(b *testing.B) {
 		// that waits for it does (Finish); otherwise it rides with the
 		// next call's guards (FinishLater).
 		split bool
-		// inflight is how many intents stay in flight between calls:
-		// each call records the outcomes of the oldest beyond it (per
-		// when zero: the previous call's).
+		// inflight is how many intents of a run stay in flight between
+		// calls: each call records the outcomes of the oldest beyond it
+		// (per when zero: the previous call's).
 		inflight int
+		// runs is how many runs a call holds, per requests each (one
+		// when zero).
+		runs int
 	}{
-		{"a step a call", 1, false, true, 0},
-		{"a request a call", 1, false, false, 0},
-		{"20 requests a call", 20, false, false, 0},
-		{"20 requests a call, the same one", 20, true, false, 0},
+		{"a step a call", 1, false, true, 0, 0},
+		{"a request a call", 1, false, false, 0, 0},
+		{"20 requests a call", 20, false, false, 0, 0},
+		{"20 requests a call, the same one", 20, true, false, 0, 0},
 		// One run's 64 connections in make bench: about 7 a call.
-		{"7 requests a call, 64 in flight", 7, false, false, 64},
+		{"7 requests a call, 64 in flight", 7, false, false, 64, 0},
+		// A fleet: 64 agents, a run each, one connection each, their
+		// requests joined in one call, a group per run.
+		{"64 runs a call, a request each", 1, false, false, 0, 64},
 	} {
 		if bc.inflight == 0 {
 			bc.inflight = bc.per
 		}
+		if bc.runs == 0 {
+			bc.runs = 1
+		}
+		runs := make([]string, bc.runs)
+		for r := range runs {
+			runs[r] = fmt.Sprintf("bench-%02d", r)
+		}
+		if bc.runs == 1 {
+			runs[0] = "bench"
+		}
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
-			var inFlight []string
+			inFlight := make([][]string, bc.runs)
 			measureRedis(b, "everysec", 1, func(s *redisstore.Store, i int) {
-				if i%bc.per != 0 {
+				if i%(bc.per*bc.runs) != 0 {
 					return // this request's steps went in an earlier call
 				}
-				var guards []redisstore.BatchStep
-				for k := range bc.per {
-					base := fmt.Sprintf("d-0123456789abcdef%08d", i+k)
-					if bc.same {
-						base = "d-0123456789abcdef01234567"
+				steps := make([][]redisstore.BatchStep, bc.runs)
+				guards := make([]int, bc.runs)
+				for r, run := range runs {
+					for k := range bc.per {
+						base := fmt.Sprintf("d-0123456789abcdef%08d", i+r*bc.per+k)
+						if bc.same {
+							base = "d-0123456789abcdef01234567"
+						}
+						steps[r] = append(steps[r], redisstore.BatchStep{Code: 'g', Guard: state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
+							Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
+							LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
+							NotAfter: time.Now().Add(benchTimeout())}})
 					}
-					guards = append(guards, redisstore.BatchStep{Code: 'g', Guard: state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
-						Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
-						LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
-						NotAfter: time.Now().Add(benchTimeout())}})
-				}
-				if i == 0 {
-					// A fresh server (measureRedis's warm-up): the run is
-					// admitted by its first guard, on its own.
-					inFlight = nil
-					g := guards[0].Guard
-					g.RunID = "bench"
-					if _, err := s.Guard(ctx, g); err != nil {
-						b.Fatal(err)
+					guards[r] = len(steps[r])
+					if i == 0 {
+						// A fresh server (measureRedis's warm-up): the run
+						// is admitted by its first guard, on its own.
+						inFlight[r] = nil
+						g := steps[r][0].Guard
+						g.RunID = run
+						if _, err := s.Guard(ctx, g); err != nil {
+							b.Fatal(err)
+						}
 					}
+					done := max(0, len(inFlight[r])-(bc.inflight-bc.per))
+					for _, key := range inFlight[r][:done] {
+						steps[r] = append(steps[r], redisstore.BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1,
+							Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
+					}
+					inFlight[r] = inFlight[r][done:]
 				}
-				var outcomes []redisstore.BatchStep
-				done := max(0, len(inFlight)-(bc.inflight-bc.per))
-				for _, key := range inFlight[:done] {
-					outcomes = append(outcomes, redisstore.BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1,
-						Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
-				}
-				var err error
-				inFlight = inFlight[done:]
 				if bc.split {
-					var keys []string
-					keys, err = s.CallBatch(ctx, "bench", guards)
-					inFlight = append(inFlight, keys...)
-					for k := 0; err == nil && k < len(outcomes); k++ {
-						_, err = s.CallBatch(ctx, "bench", outcomes[k:k+1])
+					// One run, its guards in one call, each outcome in its own.
+					keys, err := s.CallBatch(ctx, runs[0], steps[0][:guards[0]])
+					for k := guards[0]; err == nil && k < len(steps[0]); k++ {
+						_, err = s.CallBatch(ctx, runs[0], steps[0][k:k+1])
 					}
-				} else {
-					var keys []string
-					keys, err = s.CallBatch(ctx, "bench", append(guards, outcomes...))
-					if err == nil {
-						inFlight = append(inFlight, keys[:len(guards)]...)
+					if err != nil {
+						b.Fatalf("request %d: %v", i, err)
 					}
+					inFlight[0] = append(inFlight[0], keys...)
+					return
 				}
+				keys, err := s.CallRuns(ctx, runs, steps)
 				if err != nil {
 					b.Fatalf("request %d: %v", i, err)
+				}
+				for r := range runs {
+					inFlight[r] = append(inFlight[r], keys[r][:guards[r]]...)
 				}
 			})
 		})

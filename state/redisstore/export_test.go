@@ -62,25 +62,46 @@ func callArgs(runs []string, steps []BatchStep) ([]string, []any) {
 // and returns each step's intent key: a benchmark that needs calls of one
 // shape, every time, makes them so.
 func (s *Store) CallBatch(ctx context.Context, runID string, steps []BatchStep) ([]string, error) {
-	keys, args := callArgs([]string{runID}, steps)
+	keys, err := s.CallRuns(ctx, []string{runID}, [][]BatchStep{steps})
+	if err != nil {
+		return nil, err
+	}
+	return keys[0], nil
+}
+
+// CallRuns sends steps[i] of runs[i], a group each, as one call of the
+// batch program, as the batcher joins the steps of a fleet's runs, and
+// returns each step's intent key, group by group.
+func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep) ([][]string, error) {
+	var sent []*step
+	for i, run := range runs {
+		for _, st := range steps[i] {
+			sent = append(sent, &step{run: run, code: st.Code, args: st.args(run)})
+		}
+	}
+	keys, args := batchCall(sent)
 	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
 	if err != nil {
 		return nil, err
 	}
 	answers, ok := v.([]any)
-	if !ok || len(answers) != len(steps) {
+	if !ok || len(answers) != len(sent) {
 		return nil, errBatchReply
 	}
-	out := make([]string, len(steps))
-	for i, a := range answers {
-		r, err := parseReply(a)
-		if err != nil {
-			return nil, err
+	out := make([][]string, len(runs))
+	k := 0
+	for i := range runs {
+		for range steps[i] {
+			r, err := parseReply(answers[k])
+			if err != nil {
+				return nil, err
+			}
+			if r.result != "ok" || r.intent == nil {
+				return nil, fmt.Errorf("step %d answered %s %s", k, r.result, r.code)
+			}
+			out[i] = append(out[i], r.intent.key)
+			k++
 		}
-		if r.result != "ok" || r.intent == nil {
-			return nil, fmt.Errorf("step %d answered %s %s", i, r.result, r.code)
-		}
-		out[i] = r.intent.key
 	}
 	return out, nil
 }
