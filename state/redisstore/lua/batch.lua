@@ -73,6 +73,12 @@ local function derived_names(fields, guards, view)
   return names, seq_at
 end
 
+-- The staged writes of a run's common steps, as the arguments of an HSET,
+-- a ZADD and a ZREM: kept for the whole call and refilled for each run (a
+-- fleet's call holds dozens), and sent by their first elements, so that no
+-- run builds and grows three tables of its own.
+local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
+
 -- run_steps runs the n steps of the run whose keys are set, the first
 -- step's code at ARGV[first], and answers them in order.
 local function run_steps(first, n)
@@ -138,35 +144,14 @@ local function run_steps(first, n)
       return e
     end
   end
-  -- The staged writes.
-  local hset, zadd, zrem = {'HSET', K_RUN}, {'ZADD', K_INFLIGHT}, {'ZREM', K_INFLIGHT}
+  -- The staged writes: hset, zadd and zrem up to nh, nz and nr.
+  hset[2], zadd[2], zrem[2] = K_RUN, K_INFLIGHT, K_INFLIGHT
+  local nh, nz, nr = 2, 2, 2
   -- The common steps' events, one entry of the audit stream.
   local entry
   -- The row's own fields the common steps moved (its counts, its ordinal),
   -- kept as numbers and written once at the end.
   local moved = {}
-  local function bump(f, by)
-    moved[f] = (moved[f] or tonumber(view[f]) or 0) + by
-  end
-  local function put(f, v)
-    view[f] = v
-    hset[#hset + 1] = f
-    hset[#hset + 1] = v
-  end
-  local function flush()
-    if #hset > 2 then
-      call(unpack(hset))
-    end
-    if #zadd > 2 then
-      call(unpack(zadd))
-    end
-    if #zrem > 2 then
-      call(unpack(zrem))
-    end
-    if entry then
-      append_entry(entry)
-    end
-  end
 
   local now = at
   local t = tonumber(view.t)
@@ -245,11 +230,13 @@ local function run_steps(first, n)
         local imm = ARGV[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 5]) ..
           '\n' .. esc_once(ARGV[o + 6]) .. '\n' .. esc_once(ARGV[o + 7])
         local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(owner) .. '\n\n\n'
-        put('i:' .. key, imm)
-        put('s:' .. key, mut)
-        bump('n:IN_FLIGHT', 1)
-        zadd[#zadd + 1] = lease_score
-        zadd[#zadd + 1] = key
+        local ik, sk = 'i:' .. key, 's:' .. key
+        view[ik], view[sk] = imm, mut
+        hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
+        nh = nh + 4
+        moved['n:IN_FLIGHT'] = (moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0) + 1
+        zadd[nz + 1], zadd[nz + 2] = lease_score, key
+        nz = nz + 2
         entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
         out[j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
       end
@@ -269,10 +256,14 @@ local function run_steps(first, n)
       local reason, source = ARGV[o + 5], ARGV[o + 6]
       mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 4] .. ' 0 ' .. now_s .. ' -\n\n' ..
         esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
-      put(sk, mut)
-      bump('n:IN_FLIGHT', -1)
-      bump('n:' .. outcome, 1)
-      zrem[#zrem + 1] = key
+      view[sk] = mut
+      hset[nh + 1], hset[nh + 2] = sk, mut
+      nh = nh + 2
+      moved['n:IN_FLIGHT'] = (moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0) - 1
+      local count = 'n:' .. outcome
+      moved[count] = (moved[count] or tonumber(view[count]) or 0) + 1
+      zrem[nr + 1] = key
+      nr = nr + 1
       entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
         esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
       out[j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
@@ -283,19 +274,20 @@ local function run_steps(first, n)
   if j > 1 then
     -- The row's fields the common steps moved, with the intents'.
     for f, v in pairs(moved) do
-      hset[#hset + 1] = f
-      hset[#hset + 1] = int(v)
+      hset[nh + 1], hset[nh + 2] = f, int(v)
+      nh = nh + 2
     end
-    hset[#hset + 1] = 't'
-    hset[#hset + 1] = now_s
+    hset[nh + 1], hset[nh + 2] = 't', now_s
+    nh = nh + 2
     -- The lease set's marker (prelude.lua): added while many are in
     -- flight, let go with the last.
     local inflight = moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0
-    if #zadd > 2 and inflight >= LEASE_MARK_AT then
-      zadd[#zadd + 1] = '-inf'
-      zadd[#zadd + 1] = LEASE_MARK
-    elseif #zrem > 2 and inflight == 0 then
-      zrem[#zrem + 1] = LEASE_MARK
+    if nz > 2 and inflight >= LEASE_MARK_AT then
+      zadd[nz + 1], zadd[nz + 2] = '-inf', LEASE_MARK
+      nz = nz + 2
+    elseif nr > 2 and inflight == 0 then
+      zrem[nr + 1] = LEASE_MARK
+      nr = nr + 1
     end
     if names then
       local seq = {'HSET', K_SEQ}
@@ -307,7 +299,16 @@ local function run_steps(first, n)
         call(unpack(seq))
       end
     end
-    flush()
+    call(unpack(hset, 1, nh))
+    if nz > 2 then
+      call(unpack(zadd, 1, nz))
+    end
+    if nr > 2 then
+      call(unpack(zrem, 1, nr))
+    end
+    if entry then
+      append_entry(entry)
+    end
   end
 
   -- The rest, one by one.
