@@ -79,6 +79,12 @@ end
 -- run builds and grows three tables of its own.
 local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
 
+-- The texts of the call's clock: its time, and its last guard's lease (TTL,
+-- expiry, score in the lease set). A fleet's call holds a run each, and a
+-- run's steps are at the call's time unless its last step was later (a
+-- clock that went back), so each text is made once a call, not once a run.
+local clock_s, clock_ttl, clock_lease_s, clock_lease_score
+
 -- run_steps runs the n steps of the run whose keys are set, the first
 -- step's code at ARGV[first], and answers them in order.
 local function run_steps(first, n)
@@ -159,7 +165,13 @@ local function run_steps(first, n)
     now = t
   end
   step_ms = now
-  local now_s = int(now)
+  local now_s
+  if now == at then
+    clock_s = clock_s or int(at)
+    now_s = clock_s
+  else
+    now_s = int(now)
+  end
   local common = status == 'ACTIVE' and view.o ~= nil
 
   -- The names this call's guards of a derived base named in a row may take
@@ -189,6 +201,9 @@ local function run_steps(first, n)
   -- The last guard's lease: its TTL, its expiry and its score in the lease
   -- set. An instance's guards share one TTL, so a call makes each text once.
   local lease_ttl, lease_s, lease_score
+  if now == at then
+    lease_ttl, lease_s, lease_score = clock_ttl, clock_lease_s, clock_lease_score
+  end
   o = first
   local j = 1
   while common and j <= n do
@@ -270,6 +285,9 @@ local function run_steps(first, n)
     end
     o = o + STEP_ARGS[code]
     j = j + 1
+  end
+  if now == at then
+    clock_ttl, clock_lease_s, clock_lease_score = lease_ttl, lease_s, lease_score
   end
   if j > 1 then
     -- The row's fields the common steps moved, with the intents'.
