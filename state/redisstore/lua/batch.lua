@@ -79,6 +79,19 @@ end
 -- run builds and grows three tables of its own.
 local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
 
+-- A call's steps mostly repeat their texts (actor, lease owner, method,
+-- target), a fleet's runs too: each is escaped once for the call, since esc
+-- costs two calls out of Lua and a table look-up costs none.
+local escaped = {}
+local function esc_once(s)
+  local e = escaped[s]
+  if not e then
+    e = esc(s)
+    escaped[s] = e
+  end
+  return e
+end
+
 -- The texts of the call's clock: its time, and its last guard's lease (TTL,
 -- expiry, score in the lease set). A fleet's call holds a run each, and a
 -- run's steps are at the call's time unless its last step was later (a
@@ -126,38 +139,25 @@ local function run_steps(first, n)
     o = o + STEP_ARGS[code]
   end
   local vals = call('HMGET', K_RUN, unpack(fields))
-  local view = {}
-  for i, f in ipairs(fields) do
+  -- The row's five fields in the constructor: Lua sizes the table for
+  -- them at once, where adding them one by one rehashes it three times.
+  local view = {status = vals[1], o = vals[2], v = vals[3], t = vals[4], ['n:IN_FLIGHT'] = vals[5]}
+  for i = 6, #fields do
     if vals[i] then
-      view[f] = vals[i]
+      view[fields[i]] = vals[i]
     end
   end
 
   local status, ver = view.status, view.v
-  -- A run's steps mostly repeat their texts (actor, lease owner, method,
-  -- target): each is escaped once for them all, since esc costs two calls
-  -- out of Lua and a table look-up costs none. A lone step has nothing to
-  -- repeat, and the table would cost it more than it saves.
-  local esc_once = esc
-  if n > 1 then
-    local escaped = {}
-    esc_once = function(s)
-      local e = escaped[s]
-      if not e then
-        e = esc(s)
-        escaped[s] = e
-      end
-      return e
-    end
-  end
   -- The staged writes: hset, zadd and zrem up to nh, nz and nr.
   hset[2], zadd[2], zrem[2] = K_RUN, K_INFLIGHT, K_INFLIGHT
   local nh, nz, nr = 2, 2, 2
   -- The common steps' events, one entry of the audit stream.
   local entry
-  -- The row's own fields the common steps moved (its counts, its ordinal),
-  -- kept as numbers and written once at the end.
-  local moved = {}
+  -- The row's own fields the common steps moved, kept as numbers and
+  -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
+  -- unmoved), and the outcomes' counts by field.
+  local moved_o, moved_inflight, moved = nil, nil, {}
 
   local now = at
   local t = tonumber(view.t)
@@ -234,8 +234,8 @@ local function run_steps(first, n)
             key = next_derived_key(base, view)
           end
         end
-        local ord_n = (moved.o or tonumber(view.o)) + 1
-        moved.o = ord_n
+        local ord_n = (moved_o or tonumber(view.o)) + 1
+        moved_o = ord_n
         local ord = int(ord_n)
         if ttl ~= lease_ttl then
           lease_ttl = ttl
@@ -249,7 +249,7 @@ local function run_steps(first, n)
         view[ik], view[sk] = imm, mut
         hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
         nh = nh + 4
-        moved['n:IN_FLIGHT'] = (moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0) + 1
+        moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) + 1
         zadd[nz + 1], zadd[nz + 2] = lease_score, key
         nz = nz + 2
         entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
@@ -274,7 +274,7 @@ local function run_steps(first, n)
       view[sk] = mut
       hset[nh + 1], hset[nh + 2] = sk, mut
       nh = nh + 2
-      moved['n:IN_FLIGHT'] = (moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0) - 1
+      moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) - 1
       local count = 'n:' .. outcome
       moved[count] = (moved[count] or tonumber(view[count]) or 0) + 1
       zrem[nr + 1] = key
@@ -291,6 +291,14 @@ local function run_steps(first, n)
   end
   if j > 1 then
     -- The row's fields the common steps moved, with the intents'.
+    if moved_o then
+      hset[nh + 1], hset[nh + 2] = 'o', int(moved_o)
+      nh = nh + 2
+    end
+    if moved_inflight then
+      hset[nh + 1], hset[nh + 2] = 'n:IN_FLIGHT', int(moved_inflight)
+      nh = nh + 2
+    end
     for f, v in pairs(moved) do
       hset[nh + 1], hset[nh + 2] = f, int(v)
       nh = nh + 2
@@ -299,7 +307,7 @@ local function run_steps(first, n)
     nh = nh + 2
     -- The lease set's marker (prelude.lua): added while many are in
     -- flight, let go with the last.
-    local inflight = moved['n:IN_FLIGHT'] or tonumber(view['n:IN_FLIGHT']) or 0
+    local inflight = moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0
     if nz > 2 and inflight >= LEASE_MARK_AT then
       zadd[nz + 1], zadd[nz + 2] = '-inf', LEASE_MARK
       nz = nz + 2
