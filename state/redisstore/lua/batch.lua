@@ -78,6 +78,9 @@ end
 -- fleet's call holds dozens), and sent by their first elements, so that no
 -- run builds and grows three tables of its own.
 local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
+-- The common steps' events, one entry of the audit stream: the arguments
+-- of its XADD (see add_event), refilled for each run as the others are.
+local xadd = {'XADD'}
 
 -- A call's steps mostly repeat their texts (actor, lease owner, method,
 -- target), a fleet's runs too: each is escaped once for the call, since esc
@@ -98,11 +101,14 @@ end
 -- clock that went back), so each text is made once a call, not once a run.
 local clock_s, clock_ttl, clock_lease_s, clock_lease_score
 
+-- The call's answers, a step's at its place in the call.
+local answers = {}
+
 -- run_steps runs the n steps of the run whose keys are set, the first
--- step's code at ARGV[first], and answers them in order.
-local function run_steps(first, n)
+-- step's code at ARGV[first], and answers them in order, the first at
+-- answers[prior + 1].
+local function run_steps(first, n, prior)
   local at = server_ms()
-  local out = {}
 
   -- The row's fields the steps read: status, ordinal, version, last time,
   -- and the counts the common steps move, IN_FLIGHT's and each outcome's
@@ -152,8 +158,8 @@ local function run_steps(first, n)
   -- The staged writes: hset, zadd and zrem up to nh, nz and nr.
   hset[2], zadd[2], zrem[2] = K_RUN, K_INFLIGHT, K_INFLIGHT
   local nh, nz, nr = 2, 2, 2
-  -- The common steps' events, one entry of the audit stream.
-  local entry
+  xadd[2] = K_EVENTS
+  local nx = 3
   -- The row's own fields the common steps moved, kept as numbers and
   -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
   -- unmoved), and the outcomes' counts by field.
@@ -213,7 +219,7 @@ local function run_steps(first, n)
       local actor, owner, ttl = guard_texts(o)
       local not_after = tonumber(ARGV[o + 9])
       if not_after and at > not_after then
-        out[j] = reply('late')
+        answers[prior + j] = reply('late')
       elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 8] ~= '' or
           (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 10] ~= '' then
         -- An explicit key seen before, a scheduled retry, a stale version,
@@ -252,8 +258,9 @@ local function run_steps(first, n)
         moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) + 1
         zadd[nz + 1], zadd[nz + 2] = lease_score, key
         nz = nz + 2
-        entry = add_event(entry, 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n')
-        out[j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
+        xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
+        nx = nx + 2
+        answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
       end
     else
       local key, outcome = ARGV[o + 1], ARGV[o + 3]
@@ -279,9 +286,10 @@ local function run_steps(first, n)
       moved[count] = (moved[count] or tonumber(view[count]) or 0) + 1
       zrem[nr + 1] = key
       nr = nr + 1
-      entry = add_event(entry, 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-        esc_once(actor) .. '\n' .. esc_once(why_of(source, reason)))
-      out[j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
+      xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+        esc_once(actor) .. '\n' .. esc_once(why_of(source, reason))
+      nx = nx + 2
+      answers[prior + j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
     end
     o = o + STEP_ARGS[code]
     j = j + 1
@@ -332,8 +340,8 @@ local function run_steps(first, n)
     if nr > 2 then
       call(unpack(zrem, 1, nr))
     end
-    if entry then
-      append_entry(entry)
+    if nx > 3 then
+      append_entry(xadd, nx, now_s)
     end
   end
 
@@ -342,14 +350,13 @@ local function run_steps(first, n)
     changed, loaded = false, nil
     local code = ARGV[o]
     if code == 'g' or code == 'G' then
-      out[j] = op_guard(o)
+      answers[prior + j] = op_guard(o)
     else
-      out[j] = op_finish(o)
+      answers[prior + j] = op_finish(o)
     end
     o = o + STEP_ARGS[code]
     j = j + 1
   end
-  return out
 end
 
 -- The offset after the n steps at ARGV[first].
@@ -361,21 +368,21 @@ local function after_steps(first, n)
   return o
 end
 
-local answers = {}
 set_head(ARGV[2], ARGV[3], ARGV[4])
-local o = 5
+local o, answered = 5, 0
 for g = 1, tonumber(ARGV[1]) do
   local n = tonumber(ARGV[o])
   local first = o + 1
   use_run(KEYS, (g - 1) * 7)
-  local ok, res = pcall(run_steps, first, n)
-  for j = 1, n do
-    if ok then
-      answers[#answers + 1] = res[j]
-    else
-      answers[#answers + 1] = {'failed', error_text(res)}
+  local ok, err = pcall(run_steps, first, n, answered)
+  if not ok then
+    -- Whatever the run's steps answered before the error, the error
+    -- answers them all.
+    for j = 1, n do
+      answers[answered + j] = {'failed', error_text(err)}
     end
   end
+  answered = answered + n
   o = after_steps(first, n)
 end
 return answers

@@ -323,16 +323,21 @@ end
 -- increase, since a step's time never goes back; a stream whose last entry
 -- is later (written by an older layout, with the server's time) or a Redis
 -- without "ms-*" ids takes the server's time instead.
-local function append_entry(entry)
+--
+-- n is the entry's length (#entry if nil: a batch refills one table for
+-- every run of its call), ms_s the step's time as text (made from step_ms
+-- if nil).
+local function append_entry(entry, n, ms_s)
+  n = n or #entry
   if step_ms then
-    entry[3] = int(step_ms) .. '-*'
-    local id = redis.pcall(unpack(entry))
+    entry[3] = (ms_s or int(step_ms)) .. '-*'
+    local id = redis.pcall(unpack(entry, 1, n))
     if type(id) ~= 'table' or not id.err then
       return
     end
     entry[3] = '*'
   end
-  call(unpack(entry))
+  call(unpack(entry, 1, n))
 end
 
 local function event(run, actor, kind, reason, from, to, intent)
