@@ -104,6 +104,12 @@ local clock_s, clock_ttl, clock_lease_s, clock_lease_score
 -- The call's answers, a step's at its place in the call.
 local answers = {}
 
+-- The fields of the row a run's steps read (run_steps), refilled for each
+-- run from the sixth; and, by an outcome's count field, the last run
+-- (its first step's offset) that asked for it, so that a run asks once.
+local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
+local counted = {}
+
 -- run_steps runs the n steps of the run whose keys are set, the first
 -- step's code at ARGV[first], and answers them in order, the first at
 -- answers[prior + 1].
@@ -114,8 +120,7 @@ local function run_steps(first, n, prior)
   -- and the counts the common steps move, IN_FLIGHT's and each outcome's
   -- the steps name. Each element of HMGET's answer costs Lua a string and
   -- a table slot, about as much as a short step's own work.
-  local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
-  local counted = {['n:IN_FLIGHT'] = true}
+  local nf = 5
   local o = first
   -- The guards' bases: the field s:BASE of each, and by its index, for a
   -- base that guards name in a row, how many do. The same request again
@@ -130,25 +135,27 @@ local function run_steps(first, n, prior)
         guards = guards or {}
         guards[last_at] = (guards[last_at] or 1) + 1
       else
-        fields[#fields + 1] = 's:' .. base
-        last, last_at = base, #fields
+        nf = nf + 1
+        fields[nf] = 's:' .. base
+        last, last_at = base, nf
       end
     else
-      fields[#fields + 1] = 's:' .. ARGV[o + 1]
-      fields[#fields + 1] = 'i:' .. ARGV[o + 1]
+      fields[nf + 1], fields[nf + 2] = 's:' .. ARGV[o + 1], 'i:' .. ARGV[o + 1]
+      nf = nf + 2
       local count = 'n:' .. ARGV[o + 3]
-      if not counted[count] then
-        counted[count] = true
-        fields[#fields + 1] = count
+      if counted[count] ~= first and count ~= 'n:IN_FLIGHT' then
+        counted[count] = first
+        nf = nf + 1
+        fields[nf] = count
       end
     end
     o = o + STEP_ARGS[code]
   end
-  local vals = call('HMGET', K_RUN, unpack(fields))
+  local vals = call('HMGET', K_RUN, unpack(fields, 1, nf))
   -- The row's five fields in the constructor: Lua sizes the table for
   -- them at once, where adding them one by one rehashes it three times.
   local view = {status = vals[1], o = vals[2], v = vals[3], t = vals[4], ['n:IN_FLIGHT'] = vals[5]}
-  for i = 6, #fields do
+  for i = 6, nf do
     if vals[i] then
       view[fields[i]] = vals[i]
     end
