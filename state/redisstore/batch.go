@@ -290,9 +290,10 @@ func (b *batcher) send(s *Store, batch []*step) {
 // texts of its first guard (of its first step if none is a guard); then
 // each group's length and steps. A step whose texts are the head's sends
 // its code and its own arguments; one whose texts differ sends them too,
-// after the others, its code in upper case. Each argument costs Redis
-// about a thousand instructions, and an instance's steps share their
-// texts: so a guard sends ten, not thirteen.
+// after the others, its code in upper case. Every argument costs Redis
+// its parsing, a string and a slot in ARGV, and the process a boxed value,
+// and an instance's steps share their texts: so a guard sends ten, not
+// thirteen.
 func batchCall(steps []*step) ([]string, []any) {
 	head := steps[0].args.texts
 	for _, st := range steps {

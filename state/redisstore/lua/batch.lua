@@ -211,8 +211,11 @@ local function run_steps(first, n, prior)
   -- tables, and even one flat table costs Redis a walk, with a look-up for
   -- every kind of answer a table may stand for, and a string for each
   -- element; one string is one concatenation here.
+
   -- The last guard's lease: its TTL, its expiry and its score in the lease
-  -- set. An instance's guards share one TTL, so a call makes each text once.
+  -- set. An instance's guards share one TTL, so each text is made once: a
+  -- run at the call's time takes up the call's (clock_ttl) and leaves it
+  -- its own.
   local lease_ttl, lease_s, lease_score
   if now == at then
     lease_ttl, lease_s, lease_score = clock_ttl, clock_lease_s, clock_lease_score
