@@ -21,7 +21,7 @@ import (
 // generalRules runs one step under the general rules of steps.lua alone,
 // never the common path batch.lua writes out: what the batch is compared
 // with. A test-only script, not part of the library.
-var generalRules = newProgram("general", `
+var generalRules = newProgram("general", "", `
 set_head(ARGV[1], ARGV[2], ARGV[3])
 if ARGV[4] == 'g' then
   return {op_guard(4)}
@@ -89,6 +89,50 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	}
 	for _, run := range batched {
 		sameRecords(ctx, t, s, "one-by-one", run)
+	}
+}
+
+// The batch's tables live as long as the library and every call refills
+// them: a call must answer its own steps only, and read afresh every count
+// it moves, whatever the call before it held at the same places.
+func TestBatchCallsInheritNothingFromTheCallBefore(t *testing.T) {
+	s, _ := testStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !s.Functions() {
+		t.Skip("this Redis runs the programs as scripts: nothing outlives a call")
+	}
+	const run = "refilled"
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	guard := func(key string) BatchStep {
+		return BatchStep{Code: 'g', Guard: state.GuardRequest{ObservedVersion: 1, Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP,
+			Method: "GET", Target: "https://api.example/x", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p",
+			NotAfter: time.Now().Add(time.Minute)}}
+	}
+	done := func(key string) BatchStep {
+		return BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}}
+	}
+	// Each call after the first holds fewer steps than the one before,
+	// and the last two name the same count at the same offset.
+	for i, call := range [][]BatchStep{
+		{guard("a"), guard("b"), guard("c"), guard("d")},
+		{done("a"), done("b"), guard("e")},
+		{done("c"), done("d")},
+		{done("e")},
+	} {
+		keys, err := s.CallBatch(ctx, run, call)
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		if len(keys) != len(call) {
+			t.Fatalf("call %d: %d answers for %d steps", i+1, len(keys), len(call))
+		}
+	}
+	r := must2(s.Get(ctx, run))(t)
+	if got := r.Intents[state.IntentResponded]; got != 5 || r.Intents[state.IntentInFlight] != 0 {
+		t.Errorf("counts after five outcomes: %v; want 5 RESPONDED and none in flight", r.Intents)
 	}
 }
 

@@ -54,27 +54,32 @@ var (
 // Redis has no functions (before 7.0) or refuses to load them (an ACL
 // without FUNCTION), the same code runs as a script: EVALSHA, and the full
 // source on NOSCRIPT.
+//
+// A program's lib is code of its own that the library runs once, when it
+// loads, as it runs the prelude: tables a call refills rather than makes
+// afresh (batch.lua). As a script, it runs on every call.
 type program struct {
 	name   string
+	lib    string
 	body   string
 	script *redis.Script
 }
 
-func newProgram(name, body string) *program {
-	return &program{name: name, body: body,
-		script: redis.NewScript(preludeLua + "\n" + stepsLua + "\nbegin(KEYS, ARGV)\n" + body)}
+func newProgram(name, lib, body string) *program {
+	return &program{name: name, lib: lib, body: body,
+		script: redis.NewScript(preludeLua + "\n" + stepsLua + "\n" + lib + "\nbegin(KEYS, ARGV)\n" + body)}
 }
 
 var (
-	batchProgram    = newProgram("batch", batchLua)
-	admitProgram    = newProgram("admit", admitLua)
-	cancelProgram   = newProgram("cancel", cancelLua)
-	completeProgram = newProgram("complete", completeLua)
-	resolveProgram  = newProgram("resolve", resolveLua)
-	tickProgram     = newProgram("tick", tickLua)
-	renewProgram    = newProgram("renew", renewLua)
-	noteProgram     = newProgram("note", noteLua)
-	pruneProgram    = newProgram("prune", pruneLua)
+	batchProgram    = newProgram("batch", batchLua, "return batch(KEYS)")
+	admitProgram    = newProgram("admit", "", admitLua)
+	cancelProgram   = newProgram("cancel", "", cancelLua)
+	completeProgram = newProgram("complete", "", completeLua)
+	resolveProgram  = newProgram("resolve", "", resolveLua)
+	tickProgram     = newProgram("tick", "", tickLua)
+	renewProgram    = newProgram("renew", "", renewLua)
+	noteProgram     = newProgram("note", "", noteLua)
+	pruneProgram    = newProgram("prune", "", pruneLua)
 	programs        = []*program{batchProgram, admitProgram, cancelProgram, completeProgram,
 		resolveProgram, tickProgram, renewProgram, noteProgram, pruneProgram}
 
@@ -98,6 +103,9 @@ type lib struct {
 func buildLibrary() lib {
 	var b strings.Builder
 	b.WriteString(preludeLua + "\n" + stepsLua + "\n")
+	for _, p := range programs {
+		b.WriteString(p.lib + "\n")
+	}
 	for _, p := range programs {
 		fmt.Fprintf(&b, "redis.register_function('%%s_%s', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend)\n", p.name, p.body)
 	}

@@ -1,4 +1,4 @@
--- batch: ARGV g, the call's head (actor, lease owner, lease ttl ms: the
+-- batch: A (the call's ARGV) g, the call's head (actor, lease owner, lease ttl ms: the
 -- texts its steps mostly share, see set_head), then g groups, each the
 -- steps of one run: n, then n steps, each a code and its arguments: 'g'
 -- and the 10 of op_guard, 'f' and the 6 of op_finish, or in upper case the
@@ -73,24 +73,36 @@ local function derived_names(fields, guards, view)
   return names, seq_at
 end
 
+-- This file is part of the library (scripts.go), not the body of its
+-- function: its tables are made once, when the library loads, and every
+-- call refills them from the start, by counts it keeps. A table a call
+-- makes afresh grows a key at a time, and Lua rehashes it at every power
+-- of two, call after call: that was a tenth of a lone request's call. What
+-- a call must not inherit, batch resets.
+
 -- The staged writes of a run's common steps, as the arguments of an HSET,
--- a ZADD and a ZREM: kept for the whole call and refilled for each run (a
--- fleet's call holds dozens), and sent by their first elements, so that no
--- run builds and grows three tables of its own.
+-- a ZADD and a ZREM, refilled for each run (a fleet's call holds dozens)
+-- and sent by their first elements.
 local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
 -- The common steps' events, one entry of the audit stream: the arguments
 -- of its XADD (see add_event), refilled for each run as the others are.
 local xadd = {'XADD'}
 
--- A call's steps mostly repeat their texts (actor, lease owner, method,
--- target), a fleet's runs too: each is escaped once for the call, since esc
--- costs two calls out of Lua and a table look-up costs none.
-local escaped = {}
+-- Steps mostly repeat their texts (actor, lease owner, method, target),
+-- from call to call too: each is escaped once, since esc costs two calls
+-- out of Lua and a table look-up costs none. Targets vary without end, so
+-- the cache starts afresh once it holds ESCAPED_MAX texts.
+local ESCAPED_MAX = 256
+local escaped, n_escaped = {}, 0
 local function esc_once(s)
   local e = escaped[s]
   if not e then
     e = esc(s)
+    if n_escaped == ESCAPED_MAX then
+      escaped, n_escaped = {}, 0
+    end
     escaped[s] = e
+    n_escaped = n_escaped + 1
   end
   return e
 end
@@ -99,22 +111,32 @@ end
 -- expiry, score in the lease set). A fleet's call holds a run each, and a
 -- run's steps are at the call's time unless its last step was later (a
 -- clock that went back), so each text is made once a call, not once a run.
+-- batch clears them.
 local clock_s, clock_ttl, clock_lease_s, clock_lease_score
 
--- The call's answers, a step's at its place in the call.
+-- The call's answers, a step's at its place in the call; batch ends them
+-- with a nil, where Redis stops reading (what lies beyond is an earlier
+-- call's).
 local answers = {}
 
 -- The fields of the row a run's steps read (run_steps), refilled for each
--- run from the sixth; and, by an outcome's count field, the last run
--- (its first step's offset) that asked for it, so that a run asks once.
+-- run from the sixth; and, by an outcome's count field, the last run that
+-- asked for it (its mark: the call's number and its first step's offset),
+-- so that a run asks once.
 local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
 local counted = {}
+local calls = 0
+
+-- The outcomes' counts a run's common steps moved, by field: emptied as
+-- they are written.
+local moved = {}
 
 -- run_steps runs the n steps of the run whose keys are set, the first
--- step's code at ARGV[first], and answers them in order, the first at
+-- step's code at A[first], and answers them in order, the first at
 -- answers[prior + 1].
 local function run_steps(first, n, prior)
   local at = server_ms()
+  local mark = calls * 1048576 + first
 
   -- The row's fields the steps read: status, ordinal, version, last time,
   -- and the counts the common steps move, IN_FLIGHT's and each outcome's
@@ -128,9 +150,9 @@ local function run_steps(first, n, prior)
   -- another is asked again; its later guards are then named one by one.)
   local guards, last, last_at = nil, nil, 0
   for _ = 1, n do
-    local code = ARGV[o]
+    local code = A[o]
     if code == 'g' or code == 'G' then
-      local base = ARGV[o + 2]
+      local base = A[o + 2]
       if base == last then
         guards = guards or {}
         guards[last_at] = (guards[last_at] or 1) + 1
@@ -140,11 +162,11 @@ local function run_steps(first, n, prior)
         last, last_at = base, nf
       end
     else
-      fields[nf + 1], fields[nf + 2] = 's:' .. ARGV[o + 1], 'i:' .. ARGV[o + 1]
+      fields[nf + 1], fields[nf + 2] = 's:' .. A[o + 1], 'i:' .. A[o + 1]
       nf = nf + 2
-      local count = 'n:' .. ARGV[o + 3]
-      if counted[count] ~= first and count ~= 'n:IN_FLIGHT' then
-        counted[count] = first
+      local count = 'n:' .. A[o + 3]
+      if counted[count] ~= mark and count ~= 'n:IN_FLIGHT' then
+        counted[count] = mark
         nf = nf + 1
         fields[nf] = count
       end
@@ -170,7 +192,7 @@ local function run_steps(first, n, prior)
   -- The row's own fields the common steps moved, kept as numbers and
   -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
   -- unmoved), and the outcomes' counts by field.
-  local moved_o, moved_inflight, moved = nil, nil, {}
+  local moved_o, moved_inflight = nil, nil
 
   local now = at
   local t = tonumber(view.t)
@@ -223,15 +245,15 @@ local function run_steps(first, n, prior)
   o = first
   local j = 1
   while common and j <= n do
-    local code = ARGV[o]
+    local code = A[o]
     if code == 'g' or code == 'G' then
-      local observed_s, base, flags = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
+      local observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3]
       local actor, owner, ttl = guard_texts(o)
-      local not_after = tonumber(ARGV[o + 9])
+      local not_after = tonumber(A[o + 9])
       if not_after and at > not_after then
         answers[prior + j] = reply('late')
-      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or ARGV[o + 8] ~= '' or
-          (observed_s ~= '0' and observed_s ~= ver) or ARGV[o + 10] ~= '' then
+      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or A[o + 8] ~= '' or
+          (observed_s ~= '0' and observed_s ~= ver) or A[o + 10] ~= '' then
         -- An explicit key seen before, a scheduled retry, a stale version,
         -- an edge's own refusal: the general rules.
         common = false
@@ -258,8 +280,8 @@ local function run_steps(first, n, prior)
           lease_s = int(now + tonumber(ttl))
           lease_score = '-' .. lease_s
         end
-        local imm = ARGV[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(ARGV[o + 5]) ..
-          '\n' .. esc_once(ARGV[o + 6]) .. '\n' .. esc_once(ARGV[o + 7])
+        local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(A[o + 5]) ..
+          '\n' .. esc_once(A[o + 6]) .. '\n' .. esc_once(A[o + 7])
         local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(owner) .. '\n\n\n'
         local ik, sk = 'i:' .. key, 's:' .. key
         view[ik], view[sk] = imm, mut
@@ -273,7 +295,7 @@ local function run_steps(first, n, prior)
         answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
       end
     else
-      local key, outcome = ARGV[o + 1], ARGV[o + 3]
+      local key, outcome = A[o + 1], A[o + 3]
       local actor = finish_actor(o)
       local sk = 's:' .. key
       local mut = view[sk]
@@ -281,12 +303,12 @@ local function run_steps(first, n, prior)
       if mut then
         from, attempts, refusals = string.match(mut, '^(%S+) (%d+) (%d+) ')
       end
-      if from ~= 'IN_FLIGHT' or attempts ~= ARGV[o + 2] or outcome == 'IN_FLIGHT' then
+      if from ~= 'IN_FLIGHT' or attempts ~= A[o + 2] or outcome == 'IN_FLIGHT' then
         common = false
         break
       end
-      local reason, source = ARGV[o + 5], ARGV[o + 6]
-      mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. ARGV[o + 4] .. ' 0 ' .. now_s .. ' -\n\n' ..
+      local reason, source = A[o + 5], A[o + 6]
+      mut = outcome .. ' ' .. attempts .. ' ' .. refusals .. ' ' .. A[o + 4] .. ' 0 ' .. now_s .. ' -\n\n' ..
         esc_once(reason) .. '\n' .. esc_once(source) .. '\n'
       view[sk] = mut
       hset[nh + 1], hset[nh + 2] = sk, mut
@@ -320,6 +342,7 @@ local function run_steps(first, n, prior)
     for f, v in pairs(moved) do
       hset[nh + 1], hset[nh + 2] = f, int(v)
       nh = nh + 2
+      moved[f] = nil
     end
     hset[nh + 1], hset[nh + 2] = 't', now_s
     nh = nh + 2
@@ -358,7 +381,7 @@ local function run_steps(first, n, prior)
   -- The rest, one by one.
   while j <= n do
     changed, loaded = false, nil
-    local code = ARGV[o]
+    local code = A[o]
     if code == 'g' or code == 'G' then
       answers[prior + j] = op_guard(o)
     else
@@ -369,30 +392,39 @@ local function run_steps(first, n, prior)
   end
 end
 
--- The offset after the n steps at ARGV[first].
+-- The offset after the n steps at A[first].
 local function after_steps(first, n)
   local o = first
   for _ = 1, n do
-    o = o + STEP_ARGS[ARGV[o]]
+    o = o + STEP_ARGS[A[o]]
   end
   return o
 end
 
-set_head(ARGV[2], ARGV[3], ARGV[4])
-local o, answered = 5, 0
-for g = 1, tonumber(ARGV[1]) do
-  local n = tonumber(ARGV[o])
-  local first = o + 1
-  use_run(KEYS, (g - 1) * 7)
-  local ok, err = pcall(run_steps, first, n, answered)
-  if not ok then
-    -- Whatever the run's steps answered before the error, the error
-    -- answers them all.
-    for j = 1, n do
-      answers[answered + j] = {'failed', error_text(err)}
+-- batch answers the call whose arguments are A and whose keys are keys.
+local function batch(keys)
+  calls = calls + 1
+  clock_s, clock_ttl, clock_lease_s, clock_lease_score = nil, nil, nil, nil
+  set_head(A[2], A[3], A[4])
+  local o, answered = 5, 0
+  for g = 1, tonumber(A[1]) do
+    local n = tonumber(A[o])
+    local first = o + 1
+    use_run(keys, (g - 1) * 7)
+    local ok, err = pcall(run_steps, first, n, answered)
+    if not ok then
+      -- Whatever the run's steps answered before the error, the error
+      -- answers them all; what the run staged and did not write is let go.
+      for j = 1, n do
+        answers[answered + j] = {'failed', error_text(err)}
+      end
+      for f in pairs(moved) do
+        moved[f] = nil
+      end
     end
+    answered = answered + n
+    o = after_steps(first, n)
   end
-  answered = answered + n
-  o = after_steps(first, n)
+  answers[answered + 1] = nil
+  return answers
 end
-return answers
