@@ -92,6 +92,61 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	}
 }
 
+// A guard on the batch's common path answers only its key and time; its
+// caller puts the record together from what it sent. That record must be
+// the one the store keeps, field for field, whatever the guard's texts
+// (its own or the call's head), its key (explicit, derived, a derived
+// base again) or its lease's TTL (not a whole number of ms).
+func TestBatchGuardAnswersTheRecordItStored(t *testing.T) {
+	s, _ := testStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const run = "answered"
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	guard := func(key string, explicit bool) state.GuardRequest {
+		return state.GuardRequest{RunID: run, ObservedVersion: 1, Key: key, ExplicitKey: explicit, Boundary: state.BoundaryHTTP,
+			Method: "GET", Target: "https://api.example/x?q=1", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p",
+			NotAfter: time.Now().Add(time.Minute)}
+	}
+	odd := guard("odd", true)
+	odd.Method, odd.Target, odd.BodyDigest, odd.Boundary = "POST", "https://api.example/a\\b\nc", "sha256:00ff", state.BoundaryClaim
+	odd.ObservedVersion = 0
+	theirs := guard("theirs", true)
+	theirs.Actor, theirs.LeaseOwner, theirs.LeaseTTL = "q", "q-owner\nline", 90*time.Second+1500*time.Microsecond
+	var steps []BatchStep
+	for _, g := range []state.GuardRequest{guard("x", true), guard("p", false), guard("p", false), odd, theirs, guard("p", false)} {
+		steps = append(steps, BatchStep{Code: 'g', Guard: g})
+	}
+	keys, args := callArgs([]string{run}, steps)
+	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]state.Intent{}
+	for _, in := range must2(s.Intents(ctx, run))(t) {
+		stored[in.Key] = in
+	}
+	for i, x := range v.([]any) {
+		r, err := parseReply(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.admitted == nil {
+			t.Errorf("step %d left the common path: %+v", i, r)
+			continue
+		}
+		res, err := s.guardResult(ctx, steps[i].Guard, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprintf("%+v", res.Intent), fmt.Sprintf("%+v", stored[res.Intent.Key]); got != want {
+			t.Errorf("step %d answered\n  %s\nthe store keeps\n  %s", i, got, want)
+		}
+	}
+}
+
 // The batch's tables live as long as the library and every call refills
 // them: a call must answer its own steps only, and read afresh every count
 // it moves, whatever the call before it held at the same places.

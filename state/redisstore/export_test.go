@@ -96,10 +96,14 @@ func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep
 			if err != nil {
 				return nil, err
 			}
-			if r.result != "ok" || r.intent == nil {
+			switch {
+			case r.result == "ok" && r.admitted != nil:
+				out[i] = append(out[i], r.admitted.key)
+			case r.result == "ok" && r.intent != nil:
+				out[i] = append(out[i], r.intent.key)
+			default:
 				return nil, fmt.Errorf("step %d answered %s %s", k, r.result, r.code)
 			}
-			out[i] = append(out[i], r.intent.key)
 			k++
 		}
 	}

@@ -58,6 +58,17 @@ func decodeIntent(runID, key, imm, mut string) (state.Intent, int64, error) {
 	return in, ord, nil
 }
 
+// admittedIntent is the record a guard on the batch's common path wrote
+// (lua/batch.lua: a new effect admitted IN_FLIGHT, leased to its owner),
+// put together from the request it was sent for, its key and the step's
+// time: the answer carries nothing else of it.
+func admittedIntent(req state.GuardRequest, key string, at int64) state.Intent {
+	return state.Intent{RunID: req.RunID, Key: key, Boundary: req.Boundary, CreatedAt: msTime(at),
+		ObservedVersion: req.ObservedVersion, Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
+		State: state.IntentInFlight, Attempts: 1, LeaseOwner: req.LeaseOwner,
+		LeaseExpires: msTime(at + ms(req.LeaseTTL)), UpdatedAt: msTime(at)}
+}
+
 // cut splits s at each sep into parts, and reports whether it had exactly
 // len(parts) of them. Unlike strings.Split it allocates nothing: a record
 // is decoded for every guard and outcome.

@@ -42,23 +42,27 @@ func BenchmarkDecodeIntent(b *testing.B) {
 }
 
 // TestParseCommonReadsTheBatchsOneStringAnswers: a step on the batch's
-// common path answers one string, its head line then the record's two
-// fields; anything else is an error that quotes it, never a half-read
-// record.
+// common path answers one string, a guard's one line (its key and time),
+// an outcome's its head line then the record's two fields; anything else
+// is an error that quotes it, never a half-read record.
 func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 	const imm, mut = "http 1 2 0\nGET\nhttps://a.example/x\n", "IN_FLIGHT 1 0 0 9 1 -\nowner\n\n\n"
 	for _, tc := range []struct {
-		in                 string
-		key, status, v     string
-		wantErr, wantGuard bool
+		in             string
+		key, status, v string
+		at             int64 // a guard's time
+		wantErr        bool
 	}{
-		{in: "admitted ACTIVE 3 k.2\n" + imm + "\n" + mut, key: "k.2", status: "ACTIVE", v: "3", wantGuard: true},
+		{in: "admitted ACTIVE 3 k.2 1764552972579", key: "k.2", status: "ACTIVE", v: "3", at: 1764552972579},
 		{in: "recorded k\n" + imm + "\n" + mut, key: "k"},
-		{in: "admitted ACTIVE 3\n" + imm + "\n" + mut, wantErr: true}, // no key
-		{in: "recorded k extra\n" + imm + "\n" + mut, wantErr: true},  // more than a key
-		{in: "refused k\n" + imm + "\n" + mut, wantErr: true},         // not a common step
-		{in: "recorded k\nhttp 1 2 0\nGET", wantErr: true},            // the record cut short
-		{in: "recorded k", wantErr: true},                             // no record
+		{in: "admitted ACTIVE 3 1764552972579", wantErr: true},       // no key
+		{in: "admitted ACTIVE 3 k.2", wantErr: true},                 // no time
+		{in: "admitted ACTIVE 3 k.2 soon", wantErr: true},            // a time that is not one
+		{in: "admitted ACTIVE 3 k.2 1764552972579 x", wantErr: true}, // more than a guard's
+		{in: "recorded k extra\n" + imm + "\n" + mut, wantErr: true}, // more than a key
+		{in: "refused k\n" + imm + "\n" + mut, wantErr: true},        // not a common step
+		{in: "recorded k\nhttp 1 2 0\nGET", wantErr: true},           // the record cut short
+		{in: "recorded k", wantErr: true},                            // no record
 		{in: "", wantErr: true},
 	} {
 		r, err := parseCommon(tc.in)
@@ -72,11 +76,20 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 			t.Errorf("%q: %v", tc.in, err)
 			continue
 		}
-		if r.result != "ok" || !r.changed || r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut {
-			t.Errorf("%q: read as %+v, record %+v", tc.in, r, r.intent)
+		if r.result != "ok" || !r.changed {
+			t.Errorf("%q: read as %+v; want ok and changed", tc.in, r)
 		}
-		if got := r.row != nil; got != tc.wantGuard || r.row["status"] != tc.status || r.row["v"] != tc.v {
-			t.Errorf("%q: row %v; want a guard's %v (status %q, version %q)", tc.in, r.row, tc.wantGuard, tc.status, tc.v)
+		if tc.at != 0 {
+			if r.admitted == nil || r.admitted.key != tc.key || r.admitted.at != tc.at || r.intent != nil {
+				t.Errorf("%q: read as %+v, admission %+v", tc.in, r, r.admitted)
+			}
+			if r.row["status"] != tc.status || r.row["v"] != tc.v {
+				t.Errorf("%q: row %v; want status %q, version %q", tc.in, r.row, tc.status, tc.v)
+			}
+			continue
+		}
+		if r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut || r.row != nil || r.admitted != nil {
+			t.Errorf("%q: read as %+v, record %+v", tc.in, r, r.intent)
 		}
 	}
 }

@@ -253,7 +253,11 @@ type reply struct {
 	row map[string]string
 	// intent is the record the step wrote or found.
 	intent *keyedRecord
-	detail string
+	// admitted is set instead for a guard on the batch's common path: the
+	// key and time of the record it wrote, which guardResult puts
+	// together from its request.
+	admitted *admission
+	detail   string
 	// more are further records (Renew: every lease renewed).
 	more []keyedRecord
 }
@@ -262,6 +266,12 @@ type reply struct {
 // stored fields.
 type keyedRecord struct {
 	key, imm, mut string
+}
+
+// admission is the answer of a guard on the batch's common path.
+type admission struct {
+	key string
+	at  int64 // the step's time, Unix ms
 }
 
 func (k *keyedRecord) intent(runID string) (state.Intent, error) {
@@ -313,16 +323,26 @@ func parseReply(v any) (reply, error) {
 }
 
 // parseCommon reads the answer of a step on the batch's common path
-// (lua/batch.lua): ok and changed, no code or detail, one string. Its first
-// line is "admitted status version key" for a guard (the row's status and
-// version) or "recorded key" for an outcome; the record's two fields
-// follow, i:KEY in four lines, then s:KEY.
+// (lua/batch.lua): ok and changed, no code or detail, one string. A guard's
+// is one line, "admitted status version key time" (the row's status and
+// version, the step's time in Unix ms); an outcome's first line is
+// "recorded key", then the record's two fields, i:KEY in four lines, then
+// s:KEY.
 func parseCommon(s string) (reply, error) {
 	bad := func() (reply, error) {
 		return reply{}, fmt.Errorf("the batch program answered %.80q, not a step's record", s)
 	}
+	var f [5]string
+	if cut(s, ' ', f[:]) && f[0] == "admitted" {
+		at, err := strconv.ParseInt(f[4], 10, 64)
+		if err != nil || f[3] == "" {
+			return bad()
+		}
+		return reply{result: "ok", changed: true, row: map[string]string{"status": f[1], "v": f[2]},
+			admitted: &admission{key: f[3], at: at}}, nil
+	}
 	head, rest, ok := strings.Cut(s, "\n")
-	if !ok {
+	if !ok || !cut(head, ' ', f[:2]) || f[0] != "recorded" {
 		return bad()
 	}
 	// i:KEY is its first four lines.
@@ -334,18 +354,7 @@ func parseCommon(s string) (reply, error) {
 		}
 		end += i + 1
 	}
-	r := reply{result: "ok", changed: true, intent: &keyedRecord{imm: rest[:end], mut: rest[end+1:]}}
-	var f [4]string
-	switch {
-	case cut(head, ' ', f[:]) && f[0] == "admitted":
-		r.row = map[string]string{"status": f[1], "v": f[2]}
-		r.intent.key = f[3]
-	case cut(head, ' ', f[:2]) && f[0] == "recorded":
-		r.intent.key = f[1]
-	default:
-		return bad()
-	}
-	return r, nil
+	return reply{result: "ok", changed: true, intent: &keyedRecord{key: f[1], imm: rest[:end], mut: rest[end+1:]}}, nil
 }
 
 // runOf turns a row hash (or as much of it as a script read) into a Run.
@@ -643,7 +652,10 @@ func (s *Store) guardResult(ctx context.Context, req state.GuardRequest, r reply
 	if r.row != nil {
 		res.Run = runOf(req.RunID, r.row)
 	}
-	if r.intent != nil {
+	switch {
+	case r.admitted != nil:
+		res.Intent = admittedIntent(req, r.admitted.key, r.admitted.at)
+	case r.intent != nil:
 		in, err := r.intent.intent(req.RunID)
 		if err != nil {
 			return state.GuardResult{}, err

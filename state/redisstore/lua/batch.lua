@@ -225,11 +225,14 @@ local function run_steps(first, n, prior)
   end
 
   -- A step on the common path is ok and changed, with no code or detail: it
-  -- answers one string, "admitted status version key" for a guard (the
-  -- row's status and version, as op_guard's answer has them) or "recorded
-  -- key" for an outcome, then a line each, i:KEY (four lines) and s:KEY.
-  -- A key is printable ASCII without spaces and the records' texts are
-  -- escaped, so the lines read back unambiguously. reply makes two or three
+  -- answers one string. A guard's is one line, "admitted status version
+  -- key time" (the row's status and version, as op_guard's answer has
+  -- them, and the step's time): everything else of the record it wrote is
+  -- what its caller sent, and the caller puts it together (guardResult),
+  -- so the record is neither copied here nor sent back. An outcome's is
+  -- "recorded key", then a line each, i:KEY (four lines) and s:KEY. A key
+  -- is printable ASCII without spaces and the records' texts are escaped,
+  -- so the lines read back unambiguously. reply makes two or three
   -- tables, and even one flat table costs Redis a walk, with a look-up for
   -- every kind of answer a table may stand for, and a string for each
   -- element; one string is one concatenation here.
@@ -292,7 +295,7 @@ local function run_steps(first, n, prior)
         nz = nz + 2
         xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
         nx = nx + 2
-        answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. '\n' .. imm .. '\n' .. mut
+        answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. ' ' .. now_s
       end
     else
       local key, outcome = A[o + 1], A[o + 3]
