@@ -179,9 +179,19 @@ func BenchmarkBatchCall(b *testing.B) {
 				if i%(bc.per*bc.runs) != 0 {
 					return // this request's steps went in an earlier call
 				}
+				// A run's outcomes come first in its call: a connection's
+				// outcome is queued when its answer ends, before its next
+				// request's guard, as the batcher joins them.
 				steps := make([][]redisstore.BatchStep, bc.runs)
-				guards := make([]int, bc.runs)
+				outcomes := make([]int, bc.runs)
 				for r, run := range runs {
+					done := max(0, len(inFlight[r])-(bc.inflight-bc.per))
+					for _, key := range inFlight[r][:done] {
+						steps[r] = append(steps[r], redisstore.BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1,
+							Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
+					}
+					inFlight[r] = inFlight[r][done:]
+					outcomes[r] = done
 					for k := range bc.per {
 						base := fmt.Sprintf("d-0123456789abcdef%08d", i+r*bc.per+k)
 						if bc.same {
@@ -192,29 +202,29 @@ func BenchmarkBatchCall(b *testing.B) {
 							LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
 							NotAfter: time.Now().Add(benchTimeout())}})
 					}
-					guards[r] = len(steps[r])
 					if i == 0 {
 						// A fresh server (measureRedis's warm-up): the run
-						// is admitted by its first guard, on its own.
-						inFlight[r] = nil
+						// is admitted by its first guard, on its own, whose
+						// outcome goes with the next call.
 						g := steps[r][0].Guard
 						g.RunID = run
-						if _, err := s.Guard(ctx, g); err != nil {
+						res, err := s.Guard(ctx, g)
+						if err != nil {
 							b.Fatal(err)
 						}
+						inFlight[r] = []string{res.Intent.Key}
 					}
-					done := max(0, len(inFlight[r])-(bc.inflight-bc.per))
-					for _, key := range inFlight[r][:done] {
-						steps[r] = append(steps[r], redisstore.BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1,
-							Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
-					}
-					inFlight[r] = inFlight[r][done:]
 				}
 				if bc.split {
-					// One run, its guards in one call, each outcome in its own.
-					keys, err := s.CallBatch(ctx, runs[0], steps[0][:guards[0]])
-					for k := guards[0]; err == nil && k < len(steps[0]); k++ {
+					// One run, each outcome in a call of its own, then its
+					// guards in one.
+					var err error
+					for k := 0; err == nil && k < outcomes[0]; k++ {
 						_, err = s.CallBatch(ctx, runs[0], steps[0][k:k+1])
+					}
+					var keys []string
+					if err == nil {
+						keys, err = s.CallBatch(ctx, runs[0], steps[0][outcomes[0]:])
 					}
 					if err != nil {
 						b.Fatalf("request %d: %v", i, err)
@@ -227,7 +237,7 @@ func BenchmarkBatchCall(b *testing.B) {
 					b.Fatalf("request %d: %v", i, err)
 				}
 				for r := range runs {
-					inFlight[r] = append(inFlight[r], keys[r][:guards[r]]...)
+					inFlight[r] = append(inFlight[r], keys[r][outcomes[r]:]...)
 				}
 			})
 		})
