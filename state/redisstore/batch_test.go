@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -661,4 +663,186 @@ func TestManyLeasesKeepTheLeaseSetASkiplist(t *testing.T) {
 		}
 		unknown("drained", keys)
 	})
+}
+
+// A run with one effect in flight at a time keeps its lease in the row
+// (field l), not in the lease set: no set is written for it. Every rule
+// that reads leases must find the lone one as it finds the set's: an
+// outcome lets it go (on the common path or under the general rules),
+// its expiry turns it UNKNOWN, a drain's deadline cuts it, a renewal
+// extends it; and once many are in flight it joins the set beside the
+// marker, so that whichever intent leaves last takes the marker with it.
+func TestALoneLeaseIsKeptInTheRow(t *testing.T) {
+	s, addr := testStore(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	leaseMark, leaseMarkAt := luaString(t, "LEASE_MARK"), luaInt(t, "LEASE_MARK_AT")
+	guard := func(key string, ttl time.Duration) BatchStep {
+		return BatchStep{Code: 'g', Guard: state.GuardRequest{ObservedVersion: 1, Key: key, ExplicitKey: true,
+			Boundary: state.BoundaryHTTP, Method: "GET", Target: "https://api.example/x", LeaseOwner: "p", LeaseTTL: ttl,
+			Actor: "p", NotAfter: time.Now().Add(time.Minute)}}
+	}
+	done := func(key string) BatchStep {
+		return BatchStep{Code: 'f', Finish: state.FinishRequest{Key: key, Attempt: 1, Outcome: state.IntentResponded,
+			StatusCode: 200, Actor: "p"}}
+	}
+	call := func(run string, steps ...BatchStep) {
+		t.Helper()
+		must2(s.CallBatch(ctx, run, steps))(t)
+	}
+	// leases is the run's lone lease and its lease set, marker included.
+	leases := func(run string) string {
+		t.Helper()
+		set := must2(admin.ZRange(ctx, KeysOf(run)[4], 0, -1).Result())(t)
+		for i, m := range set {
+			if m == leaseMark {
+				set[i] = "marker"
+			}
+		}
+		slices.Sort(set)
+		return fmt.Sprintf("lone %q, set %v", admin.HGet(ctx, KeysOf(run)[0], "l").Val(), set)
+	}
+	expect := func(run, want string) {
+		t.Helper()
+		if got := leases(run); got != want {
+			t.Fatalf("%s: %s; want %s", run, got, want)
+		}
+	}
+	states := func(run string, want map[state.IntentState]int) {
+		t.Helper()
+		r := must2(s.Get(ctx, run))(t)
+		if fmt.Sprint(r.Intents) != fmt.Sprint(want) {
+			t.Fatalf("%s counts %v; want %v", run, r.Intents, want)
+		}
+		var n int
+		for _, in := range must2(s.Intents(ctx, run))(t) {
+			n++
+			if in.State == state.IntentInFlight && in.LeaseExpires.IsZero() {
+				t.Errorf("%s: IN_FLIGHT %s has no lease", run, in.Key)
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s has no intents", run)
+		}
+	}
+	admit := func(run string) {
+		t.Helper()
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("one request at a time", func(t *testing.T) {
+		admit("serial")
+		call("serial", guard("a", time.Minute))
+		expect("serial", `lone "a", set []`)
+		// One connection: the outcome rides with the next request's guard.
+		call("serial", done("a"), guard("b", time.Minute))
+		expect("serial", `lone "b", set []`)
+		// A second request while the first is in flight goes to the set.
+		call("serial", guard("c", time.Minute))
+		expect("serial", `lone "b", set [c]`)
+		call("serial", done("b"), done("c"))
+		expect("serial", `lone "", set []`)
+		states("serial", map[state.IntentState]int{state.IntentResponded: 3})
+	})
+
+	t.Run("an outcome under the general rules", func(t *testing.T) {
+		admit("general")
+		call("general", guard("a", time.Minute))
+		// A stale guard leaves the common path: the outcome after it
+		// runs under the general rules.
+		stale := guard("stale", time.Minute)
+		stale.Guard.ObservedVersion = 7
+		keys, args := callArgs([]string{"general"}, []BatchStep{stale, done("a")})
+		if err := s.exec(ctx, batchProgram, keys, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		expect("general", `lone "", set []`)
+		states("general", map[state.IntentState]int{state.IntentCancelledBeforeDispatch: 1, state.IntentResponded: 1})
+	})
+
+	t.Run("lease expiry", func(t *testing.T) {
+		admit("lapsed")
+		call("lapsed", guard("a", time.Millisecond))
+		time.Sleep(20 * time.Millisecond)
+		must2(s.Tick(ctx, state.TickRequest{RunID: "lapsed", Actor: "sweeper"}))(t)
+		expect("lapsed", `lone "", set []`)
+		states("lapsed", map[state.IntentState]int{state.IntentUnknown: 1})
+		// A second tick finds nothing more to expire.
+		must2(s.Tick(ctx, state.TickRequest{RunID: "lapsed", Actor: "sweeper"}))(t)
+		states("lapsed", map[state.IntentState]int{state.IntentUnknown: 1})
+	})
+
+	t.Run("renewal", func(t *testing.T) {
+		admit("renewed")
+		call("renewed", guard("a", 50*time.Millisecond))
+		res := must2(s.Renew(ctx, state.RenewRequest{Owner: "p", TTL: time.Minute, Refs: []state.IntentRef{{RunID: "renewed", Key: "a"}}}))(t)
+		if len(res.Renewed) != 1 {
+			t.Fatalf("renewed %+v; want a", res)
+		}
+		expect("renewed", `lone "a", set []`)
+		time.Sleep(100 * time.Millisecond)
+		must2(s.Tick(ctx, state.TickRequest{RunID: "renewed", Actor: "sweeper"}))(t)
+		states("renewed", map[state.IntentState]int{state.IntentInFlight: 1})
+	})
+
+	t.Run("drain deadline", func(t *testing.T) {
+		admit("drained")
+		call("drained", guard("a", time.Minute), guard("b", time.Minute))
+		expect("drained", `lone "a", set [b]`)
+		if _, err := s.Cancel(ctx, state.CancelRequest{RunID: "drained", Actor: "op", Reason: "stop", DrainTimeout: time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		run := must2(s.Tick(ctx, state.TickRequest{RunID: "drained", Actor: "sweeper"}))(t)
+		if run.Status != state.StatusUnknown {
+			t.Fatalf("after the drain deadline: %s; want UNKNOWN", run.Status)
+		}
+		expect("drained", `lone "", set []`)
+		states("drained", map[state.IntentState]int{state.IntentUnknown: 2})
+	})
+
+	t.Run("many in flight, the lone one last out", func(t *testing.T) {
+		admit("crowded")
+		call("crowded", guard("lone", time.Minute))
+		var more, outs []BatchStep
+		for i := range leaseMarkAt {
+			more = append(more, guard(fmt.Sprintf("k%02d", i), time.Minute))
+			outs = append(outs, done(fmt.Sprintf("k%02d", i)))
+		}
+		call("crowded", more...)
+		if got := leases("crowded"); !strings.HasPrefix(got, `lone "", set [k00`) || !strings.Contains(got, " lone marker]") {
+			t.Fatalf("%d in flight: %s; want the lone lease in the set beside the marker", leaseMarkAt+1, got)
+		}
+		call("crowded", outs...)
+		expect("crowded", `lone "", set [lone marker]`)
+		call("crowded", done("lone"))
+		expect("crowded", `lone "", set []`)
+		states("crowded", map[state.IntentState]int{state.IntentResponded: leaseMarkAt + 1})
+	})
+}
+
+// luaString and luaInt read a constant of prelude.lua (local NAME = 'text'
+// or a number), so that a test names the value the programs use.
+func luaString(t *testing.T, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^local ` + name + ` = '([^']*)'$`).FindStringSubmatch(preludeLua)
+	if m == nil {
+		t.Fatalf("prelude.lua defines no text %s", name)
+	}
+	return m[1]
+}
+
+func luaInt(t *testing.T, name string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^local ` + name + ` = (\d+)$`).FindStringSubmatch(preludeLua)
+	if m == nil {
+		t.Fatalf("prelude.lua defines no number %s", name)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }

@@ -120,10 +120,10 @@ local clock_s, clock_ttl, clock_lease_s, clock_lease_score
 local answers = {}
 
 -- The fields of the row a run's steps read (run_steps), refilled for each
--- run from the sixth; and, by an outcome's count field, the last run that
+-- run from the seventh; and, by an outcome's count field, the last run that
 -- asked for it (its mark: the call's number and its first step's offset),
 -- so that a run asks once.
-local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
+local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'l'}
 local counted = {}
 local calls = 0
 
@@ -139,10 +139,10 @@ local function run_steps(first, n, prior)
   local mark = calls * 1048576 + first
 
   -- The row's fields the steps read: status, ordinal, version, last time,
-  -- and the counts the common steps move, IN_FLIGHT's and each outcome's
-  -- the steps name. Each element of HMGET's answer costs Lua a string and
+  -- the lone lease (LONE, prelude.lua), and the counts the common steps
+  -- move, IN_FLIGHT's and each outcome's the steps name. Each element of HMGET's answer costs Lua a string and
   -- a table slot, about as much as a short step's own work.
-  local nf = 5
+  local nf = 6
   local o = first
   -- The guards' bases: the field s:BASE of each, and by its index, for a
   -- base that guards name in a row, how many do. The same request again
@@ -174,10 +174,10 @@ local function run_steps(first, n, prior)
     o = o + STEP_ARGS[code]
   end
   local vals = call('HMGET', K_RUN, unpack(fields, 1, nf))
-  -- The row's five fields in the constructor: Lua sizes the table for
+  -- The row's six fields in the constructor: Lua sizes the table for
   -- them at once, where adding them one by one rehashes it three times.
-  local view = {status = vals[1], o = vals[2], v = vals[3], t = vals[4], ['n:IN_FLIGHT'] = vals[5]}
-  for i = 6, nf do
+  local view = {status = vals[1], o = vals[2], v = vals[3], t = vals[4], ['n:IN_FLIGHT'] = vals[5], l = vals[6]}
+  for i = 7, nf do
     if vals[i] then
       view[fields[i]] = vals[i]
     end
@@ -191,8 +191,9 @@ local function run_steps(first, n, prior)
   local nx = 3
   -- The row's own fields the common steps moved, kept as numbers and
   -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
-  -- unmoved), and the outcomes' counts by field.
-  local moved_o, moved_inflight = nil, nil
+  -- unmoved), and the outcomes' counts by field; and whether the lone
+  -- lease moved (view.l then holds it).
+  local moved_o, moved_inflight, moved_lone = nil, nil, false
 
   local now = at
   local t = tonumber(view.t)
@@ -290,9 +291,14 @@ local function run_steps(first, n, prior)
         view[ik], view[sk] = imm, mut
         hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
         nh = nh + 4
-        moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) + 1
-        zadd[nz + 1], zadd[nz + 2] = lease_score, key
-        nz = nz + 2
+        local inflight = moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0
+        moved_inflight = inflight + 1
+        if inflight == 0 and (view.l or '') == '' then
+          view.l, moved_lone = key, true
+        else
+          zadd[nz + 1], zadd[nz + 2] = lease_score, key
+          nz = nz + 2
+        end
         xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
         nx = nx + 2
         answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. ' ' .. now_s
@@ -319,8 +325,12 @@ local function run_steps(first, n, prior)
       moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) - 1
       local count = 'n:' .. outcome
       moved[count] = (moved[count] or tonumber(view[count]) or 0) + 1
-      zrem[nr + 1] = key
-      nr = nr + 1
+      if key == view.l then
+        view.l, moved_lone = '', true
+      else
+        zrem[nr + 1] = key
+        nr = nr + 1
+      end
       xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
         esc_once(actor) .. '\n' .. esc_once(why_of(source, reason))
       nx = nx + 2
@@ -350,14 +360,29 @@ local function run_steps(first, n, prior)
     hset[nh + 1], hset[nh + 2] = 't', now_s
     nh = nh + 2
     -- The lease set's marker (prelude.lua): added while many are in
-    -- flight, let go with the last.
+    -- flight, with the lone lease moved in beside it (LONE), and let go
+    -- with the last.
     local inflight = moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0
     if nz > 2 and inflight >= LEASE_MARK_AT then
       zadd[nz + 1], zadd[nz + 2] = '-inf', LEASE_MARK
       nz = nz + 2
+      local lone = view.l
+      if lone and lone ~= '' then
+        local mut = view['s:' .. lone] or call('HGET', K_RUN, 's:' .. lone)
+        local lease = mut and string.match(mut, '^IN_FLIGHT %d+ %d+ %d+ (%d+) ')
+        if lease then
+          zadd[nz + 1], zadd[nz + 2] = '-' .. lease, lone
+          nz = nz + 2
+        end
+        view.l, moved_lone = '', true
+      end
     elseif nr > 2 and inflight == 0 then
       zrem[nr + 1] = LEASE_MARK
       nr = nr + 1
+    end
+    if moved_lone then
+      hset[nh + 1], hset[nh + 2] = 'l', view.l
+      nh = nh + 2
     end
     if names then
       local seq = {'HSET', K_SEQ}

@@ -14,7 +14,8 @@
 --   5 leases (zset: -expiry ms -> key of an IN_FLIGHT intent; negative, so
 --     that a new lease, the latest to expire, goes to the head of a small
 --     sorted set, which Redis keeps as a list it scans from the head; and,
---     while many are in flight, LEASE_MARK)
+--     while many are in flight, LEASE_MARK), but for the lone lease (the
+--     row's field l, see LONE)
 --   6 scheduled retries (zset: creation ordinal -> key of a SCHEDULED intent)
 --   7 audit log (stream)
 --
@@ -41,6 +42,19 @@ local changed = false
 -- in flight removes it, and the set with it: an idle run keeps no set.
 local LEASE_MARK = 'lease set marker: while many leases are in flight this member keeps the set a skiplist'
 local LEASE_MARK_AT = 16
+
+-- LONE: a run with one effect in flight at a time (one connection, one
+-- agent of a fleet) would add its lease to the set and remove it again at
+-- every request, two commands of a step's five. So the batch's common
+-- path gives a guard that finds nothing in flight the lone lease instead:
+-- the row's field l names its key, and its expiry stays where every
+-- lease's is, in its record (s:KEY). Every IN_FLIGHT intent's lease is in
+-- the set or is the lone one; whatever reads leases (expire_leases, the
+-- drain's cut in finalize, renew, an outcome) reads l too, so every step
+-- that may call them reads the row's l. While the set holds LEASE_MARK
+-- there is no lone lease: the batch moves it into the set with the marker,
+-- so that the last intent to leave, whichever it is, takes the marker with
+-- it.
 
 -- The row is a table of strings, intents' fields included once a step
 -- writes them. loaded keeps the values read, so that a step writes back
@@ -99,7 +113,7 @@ end
 -- The row's own fields (the intents' are read by name where needed).
 local ROW = {'status', 'v', 'reason', 'status_reason', 'created', 'updated', 'cancelled', 'drain', 't',
   'o', 'pruned', 'n:IN_FLIGHT', 'n:SCHEDULED', 'n:RESPONDED', 'n:NOT_SENT', 'n:UNKNOWN',
-  'n:CANCELLED_BEFORE_DISPATCH', 'n:REVOKED', 'n:APPLIED', 'n:NOT_APPLIED'}
+  'n:CANCELLED_BEFORE_DISPATCH', 'n:REVOKED', 'n:APPLIED', 'n:NOT_APPLIED', 'l'}
 
 -- An intent in a step: a table of named fields and its key.
 --
@@ -416,6 +430,14 @@ local function expire_leases(run, now, actor)
       force(run, it, now, actor, 'UNKNOWN', 'lease_expired', 'intent.lease_expired')
     end
   end
+  local lone = run.l
+  if lone and lone ~= '' then
+    local it = load_intent(lone)
+    if it and it.state == 'IN_FLIGHT' and it.lease_expires <= now then
+      run.l = ''
+      force(run, it, now, actor, 'UNKNOWN', 'lease_expired', 'intent.lease_expired')
+    end
+  end
 end
 
 local function move(run, now, actor, to, why)
@@ -443,8 +465,12 @@ local function finalize(run, now, actor)
         move(run, now, actor, 'UNKNOWN', 'unresolved_intents')
       end
     elseif now >= (tonumber(run.drain) or 0) then
-      local cut = {}
-      for _, key in ipairs(call('ZRANGE', K_INFLIGHT, 0, -1)) do
+      local cut, keys = {}, call('ZRANGE', K_INFLIGHT, 0, -1)
+      if run.l and run.l ~= '' then
+        keys[#keys + 1] = run.l
+        run.l = ''
+      end
+      for _, key in ipairs(keys) do
         local it = load_intent(key)
         if it and it.state == 'IN_FLIGHT' then
           cut[#cut + 1] = it

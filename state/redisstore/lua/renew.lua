@@ -18,7 +18,9 @@ for i = 3, #ARGV do
     local rec = save_intent({}, it)
     args[#args + 1] = 's:' .. it.key
     args[#args + 1] = rec[3]
-    call('ZADD', K_INFLIGHT, int(-it.lease_expires), it.key)
+    if it.key ~= run.l then
+      call('ZADD', K_INFLIGHT, int(-it.lease_expires), it.key)
+    end
     out[#out + 1] = rec
   end
 end

@@ -216,7 +216,7 @@ local function op_finish(o)
   local code, reason, source = tonumber(A[o + 4]), A[o + 5], A[o + 6]
   local actor = finish_actor(o)
   local sk, ik = 's:' .. key, 'i:' .. key
-  local run = load_fields({'status', 'o', 'v', 't', 'drain', 'n:IN_FLIGHT', 'n:UNKNOWN', 'n:' .. outcome, sk, ik})
+  local run = load_fields({'status', 'o', 'v', 't', 'drain', 'n:IN_FLIGHT', 'n:UNKNOWN', 'l', 'n:' .. outcome, sk, ik})
   if not run then
     return reply('notfound', 'run')
   end
@@ -244,7 +244,11 @@ local function op_finish(o)
   mut = outcome .. ' ' .. int(attempts) .. ' ' .. refusals .. ' ' .. int(code) .. ' 0 ' .. int(now) .. ' -\n\n' ..
     esc(reason) .. '\n' .. esc(source) .. '\n'
   run[sk] = mut
-  call('ZREM', K_INFLIGHT, key)
+  if run.l == key then
+    run.l = ''
+  else
+    call('ZREM', K_INFLIGHT, key)
+  end
   count(run, from, outcome)
   event(run, actor, 'intent.outcome', why_of(source, reason), from, outcome, key)
   finalize(run, now, actor)
