@@ -846,3 +846,35 @@ func luaInt(t *testing.T, name string) int {
 	n, _ := strconv.Atoi(m[1])
 	return n
 }
+
+// A guard's method, target and digest reach the programs escaped, a line
+// each, as its record stores them; the general rules read them back
+// before they decide, so a text with a newline or a backslash is recorded
+// as it was sent, on either path.
+func TestGuardTextsAreRecordedAsSentOnEitherPath(t *testing.T) {
+	s, _ := testStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	odd := state.GuardRequest{ObservedVersion: 1, ExplicitKey: true, Boundary: state.BoundaryHTTP,
+		Method: "PO\\ST", Target: "https://api.example/a\\b\nc\\n", BodyDigest: "d\n", LeaseOwner: "p", LeaseTTL: time.Minute,
+		Actor: "p", NotAfter: time.Now().Add(time.Minute)}
+	for _, path := range []string{"general", "common"} {
+		run := "texts-" + path
+		if _, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		g := odd
+		g.Key = "k"
+		step := []BatchStep{{Code: 'g', Guard: g}}
+		if path == "general" {
+			oneByOne(ctx, t, s, run, step)
+		} else {
+			must2(s.CallBatch(ctx, run, step))(t)
+		}
+		in := must2(s.Intent(ctx, run, "k"))(t)
+		if in.Method != odd.Method || in.Target != odd.Target || in.BodyDigest != odd.BodyDigest {
+			t.Errorf("%s path recorded %q %q %q; want %q %q %q", path, in.Method, in.Target, in.BodyDigest,
+				odd.Method, odd.Target, odd.BodyDigest)
+		}
+	}
+}

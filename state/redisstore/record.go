@@ -85,6 +85,28 @@ func cut(s string, sep byte, parts []string) bool {
 	return strings.IndexByte(s, sep) < 0
 }
 
+// escape escapes a text as the scripts do (esc in lua/prelude.lua): a
+// newline is \n, a backslash \\. A guard's method, target and digest go to
+// the scripts so, the lines of its record as they are stored.
+func escape(s string) string {
+	if !strings.ContainsAny(s, "\n\\") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\n':
+			b.WriteString(`\n`)
+		case '\\':
+			b.WriteString(`\\`)
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return b.String()
+}
+
 // unescape undoes the scripts' escaping of a text: \n is a newline, \\ a
 // backslash.
 func unescape(s string) string {

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -90,6 +91,30 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 		}
 		if r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut || r.row != nil || r.admitted != nil {
 			t.Errorf("%q: read as %+v, record %+v", tc.in, r, r.intent)
+		}
+	}
+}
+
+// escape is the scripts' esc: what it makes, unescape reads back, and a
+// text without a newline or a backslash is sent as it is.
+func TestEscapeIsReadBackByUnescape(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"https://api.example/x?q=1", "https://api.example/x?q=1"},
+		{"a\nb", `a\nb`},
+		{`a\b`, `a\\b`},
+		{`\n`, `\\n`},
+		{"\\\n", `\\\n`},
+		{"", ""},
+	} {
+		got := escape(tc.in)
+		if got != tc.want {
+			t.Errorf("escape(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+		if strings.Contains(got, "\n") {
+			t.Errorf("escape(%q) = %q holds a newline", tc.in, got)
+		}
+		if back := unescape(got); back != tc.in {
+			t.Errorf("unescape(escape(%q)) = %q", tc.in, back)
 		}
 	}
 }

@@ -634,7 +634,7 @@ func guardArgs(req state.GuardRequest) stepArgs {
 	flags := flag(req.ExplicitKey) + flag(req.AutoAdmit) + flag(req.AllowCancelling)
 	return stepArgs{
 		own: []any{req.ObservedVersion, req.Key, flags, string(req.Boundary),
-			req.Method, req.Target, req.BodyDigest, notBefore, notAfter, req.Refuse},
+			escape(req.Method) + "\n" + escape(req.Target) + "\n" + escape(req.BodyDigest), notBefore, notAfter, req.Refuse},
 		texts: stepTexts{actor: req.Actor, owner: req.LeaseOwner, ttl: ms(req.LeaseTTL)},
 	}
 }

@@ -1,7 +1,7 @@
 -- batch: A (the call's ARGV) g, the call's head (actor, lease owner, lease ttl ms: the
 -- texts its steps mostly share, see set_head), then g groups, each the
 -- steps of one run: n, then n steps, each a code and its arguments: 'g'
--- and the 10 of op_guard, 'f' and the 6 of op_finish, or in upper case the
+-- and the 8 of op_guard, 'f' and the 6 of op_finish, or in upper case the
 -- same and the step's own texts. KEYS: the seven per-run keys (prelude.lua)
 -- of each group's run, group by group. On Redis Cluster a call holds one run
 -- (its keys are one slot); on one Redis, the steps of every run queued
@@ -88,10 +88,11 @@ local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
 -- of its XADD (see add_event), refilled for each run as the others are.
 local xadd = {'XADD'}
 
--- Steps mostly repeat their texts (actor, lease owner, method, target),
--- from call to call too: each is escaped once, since esc costs two calls
--- out of Lua and a table look-up costs none. Targets vary without end, so
--- the cache starts afresh once it holds ESCAPED_MAX texts.
+-- Steps mostly repeat their texts (actor, lease owner, an outcome's
+-- reason), from call to call too: each is escaped once, since esc costs
+-- two calls out of Lua and a table look-up costs none. (A guard's method,
+-- target and digest come escaped by its caller.) Texts may vary without
+-- end, so the cache starts afresh once it holds ESCAPED_MAX of them.
 local ESCAPED_MAX = 256
 local escaped, n_escaped = {}, 0
 local function esc_once(s)
@@ -253,11 +254,11 @@ local function run_steps(first, n, prior)
     if code == 'g' or code == 'G' then
       local observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3]
       local actor, owner, ttl = guard_texts(o)
-      local not_after = tonumber(A[o + 9])
+      local not_after = tonumber(A[o + 7])
       if not_after and at > not_after then
         answers[prior + j] = reply('late')
-      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or A[o + 8] ~= '' or
-          (observed_s ~= '0' and observed_s ~= ver) or A[o + 10] ~= '' then
+      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or A[o + 6] ~= '' or
+          (observed_s ~= '0' and observed_s ~= ver) or A[o + 8] ~= '' then
         -- An explicit key seen before, a scheduled retry, a stale version,
         -- an edge's own refusal: the general rules.
         common = false
@@ -284,8 +285,7 @@ local function run_steps(first, n, prior)
           lease_s = int(now + tonumber(ttl))
           lease_score = '-' .. lease_s
         end
-        local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. esc_once(A[o + 5]) ..
-          '\n' .. esc_once(A[o + 6]) .. '\n' .. esc_once(A[o + 7])
+        local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. A[o + 5]
         local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(owner) .. '\n\n\n'
         local ik, sk = 'i:' .. key, 's:' .. key
         view[ik], view[sk] = imm, mut

@@ -19,12 +19,12 @@ local function set_head(actor, owner, ttl)
 end
 
 -- How many arguments a step takes, its code included.
-local STEP_ARGS = {g = 11, G = 14, f = 7, F = 8}
+local STEP_ARGS = {g = 9, G = 12, f = 7, F = 8}
 
 -- The actor, lease owner and TTL of the guard at A[o].
 local function guard_texts(o)
   if A[o] == 'G' then
-    return A[o + 11], A[o + 12], A[o + 13]
+    return A[o + 9], A[o + 10], A[o + 11]
   end
   return head_actor, head_owner, head_ttl
 end
@@ -41,19 +41,24 @@ end
 -- time, its ordinal counter and the count the guard moves.
 local GUARD_FIELDS = {'status', 'o', 'v', 't', 'n:IN_FLIGHT'}
 
--- op_guard: A[o+1..o+10] observed version, key, flags (three characters,
--- 1/0: explicit key, auto-admit, allow cancelling), boundary, method,
--- target, body digest, not_before ms ('' to dispatch now), not_after ms (''
--- for no fence), refuse (a reason the edge already refused the effect for,
--- '' for none); then, for 'G', actor, lease owner and lease ttl ms
--- (guard_texts).
+-- op_guard: A[o+1..o+8] observed version, key, flags (three characters,
+-- 1/0: explicit key, auto-admit, allow cancelling), boundary, texts (the
+-- method, target and body digest, escaped, a line each: the last three
+-- lines of i:KEY as they are stored, made by the caller), not_before ms
+-- ('' to dispatch now), not_after ms ('' for no fence), refuse (a reason
+-- the edge already refused the effect for, '' for none); then, for 'G',
+-- actor, lease owner and lease ttl ms (guard_texts).
 -- The one atomic check-and-record of an effect: the row's status and
 -- version are read and the intent written in the same step, so no cancel
 -- can commit in between.
 local function op_guard(o)
   local observed_s, base, flags, boundary = A[o + 1], A[o + 2], A[o + 3], A[o + 4]
-  local method, target, digest, not_before = A[o + 5], A[o + 6], A[o + 7], A[o + 8]
-  local not_after, refuse = tonumber(A[o + 9]), A[o + 10]
+  local method, target, digest = string.match(A[o + 5], '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  if not method then
+    error('guard texts are not three lines: ' .. A[o + 5])
+  end
+  method, target, digest = unesc(method), unesc(target), unesc(digest)
+  local not_before, not_after, refuse = A[o + 6], tonumber(A[o + 7]), A[o + 8]
   local actor, owner, ttl = guard_texts(o)
   ttl = tonumber(ttl)
   local explicit = string.byte(flags, 1) == 49
