@@ -128,10 +128,12 @@ func unescape(s string) string {
 }
 
 // eventsOf reads one entry of a run's audit stream, its fields in order
-// (name, value, name, value, ...): a field e for each event, "kind version
-// from to intent" then, a line each, actor and reason (lua/prelude.lua,
-// event_line). The events of one entry share its time. An entry written
-// before layout 2 is one event with a field each, and its time in 'at'.
+// (name, value, name, value, ...): fields e, each holding events of three
+// lines, "kind version from to intent" then actor and reason (escaped,
+// lua/prelude.lua, event_line), one after the other: the general rules
+// write an event a field, a batch the events of a run's common steps in
+// one. The events of one entry share its time. An entry written before
+// layout 2 is one event with a field each, and its time in 'at'.
 func eventsOf(runID, id string, fields []string) []state.Event {
 	ms, _, _ := strings.Cut(id, "-")
 	at, _ := strconv.ParseInt(ms, 10, 64)
@@ -143,17 +145,22 @@ func eventsOf(runID, id string, fields []string) []state.Event {
 			old[name] = e
 			continue
 		}
-		lines := strings.SplitN(e, "\n", 3)
-		for len(lines) < 3 {
-			lines = append(lines, "")
+		for more := true; more; {
+			var lines [3]string
+			for k := range lines {
+				lines[k], e, more = strings.Cut(e, "\n")
+				if !more {
+					break
+				}
+			}
+			f := strings.SplitN(lines[0], " ", 5)
+			for len(f) < 5 {
+				f = append(f, "")
+			}
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			out = append(out, state.Event{At: msTime(at), RunID: runID, Kind: f[0], Version: v, From: f[2], To: f[3], Intent: f[4],
+				Actor: unescape(lines[1]), Reason: unescape(lines[2])})
 		}
-		f := strings.SplitN(lines[0], " ", 5)
-		for len(f) < 5 {
-			f = append(f, "")
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		out = append(out, state.Event{At: msTime(at), RunID: runID, Kind: f[0], Version: v, From: f[2], To: f[3], Intent: f[4],
-			Actor: unescape(lines[1]), Reason: unescape(lines[2])})
 	}
 	if out != nil {
 		return out

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -115,6 +116,38 @@ func TestEscapeIsReadBackByUnescape(t *testing.T) {
 		}
 		if back := unescape(got); back != tc.in {
 			t.Errorf("unescape(escape(%q)) = %q", tc.in, back)
+		}
+	}
+}
+
+// An entry of the audit stream holds events of three lines each, one a
+// field (the general rules) or several in one (a batch's common steps),
+// and reads back as those events in order, whatever their reasons hold.
+func TestEventsOfReadsEveryEventOfAnEntry(t *testing.T) {
+	admitted := "intent.admitted 1  IN_FLIGHT k\nproxy:1\n"
+	outcome := "intent.outcome 1 IN_FLIGHT RESPONDED j\nproxy:1\nsafe_method: cut \\n short"
+	cancel := "run.transition 2 ACTIVE CANCELLING \nop\nstop"
+	for _, tc := range []struct {
+		name   string
+		fields []string
+		want   string
+	}{
+		{"an event a field", []string{"e", admitted, "e", outcome},
+			"intent.admitted k proxy:1 ''; intent.outcome j proxy:1 'safe_method: cut \\n short'; "},
+		{"a batch's events in one field", []string{"e", admitted + "\n" + outcome + "\n" + admitted},
+			"intent.admitted k proxy:1 ''; intent.outcome j proxy:1 'safe_method: cut \\n short'; intent.admitted k proxy:1 ''; "},
+		{"both", []string{"e", cancel, "e", outcome + "\n" + admitted},
+			"run.transition  op 'stop'; intent.outcome j proxy:1 'safe_method: cut \\n short'; intent.admitted k proxy:1 ''; "},
+		{"the layout before, a field each", []string{"kind", "run.admitted", "actor", "t", "reason", "r", "at", "5"},
+			"run.admitted  t 'r'; "},
+	} {
+		var got string
+		for _, e := range eventsOf("r", "1764552972579-0", tc.fields) {
+			got += fmt.Sprintf("%s %s %s %q; ", e.Kind, e.Intent, e.Actor, e.Reason)
+		}
+		got = strings.ReplaceAll(got, `"`, "'")
+		if got != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
 		}
 	}
 }

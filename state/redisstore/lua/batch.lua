@@ -84,9 +84,14 @@ end
 -- a ZADD and a ZREM, refilled for each run (a fleet's call holds dozens)
 -- and sent by their first elements.
 local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
--- The common steps' events, one entry of the audit stream: the arguments
--- of its XADD (see add_event), refilled for each run as the others are.
-local xadd = {'XADD'}
+-- The common steps' events, one entry of the audit stream with one field
+-- e: their lines, three an event (event_line), joined when the run's
+-- steps are written. A field an event costs an argument of the XADD, of
+-- its line in the AOF and of the entry in memory; the reader tells the
+-- events apart by their lines alone. Refilled for each run as the others
+-- are; xadd is the XADD.
+local events = {}
+local xadd = {'XADD', nil, nil, 'e'}
 
 -- Steps mostly repeat their texts (actor, lease owner, an outcome's
 -- reason), from call to call too: each is escaped once, since esc costs
@@ -188,8 +193,7 @@ local function run_steps(first, n, prior)
   -- The staged writes: hset, zadd and zrem up to nh, nz and nr.
   hset[2], zadd[2], zrem[2] = K_RUN, K_INFLIGHT, K_INFLIGHT
   local nh, nz, nr = 2, 2, 2
-  xadd[2] = K_EVENTS
-  local nx = 3
+  local ne = 0
   -- The row's own fields the common steps moved, kept as numbers and
   -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
   -- unmoved), and the outcomes' counts by field; and whether the lone
@@ -299,8 +303,8 @@ local function run_steps(first, n, prior)
           zadd[nz + 1], zadd[nz + 2] = lease_score, key
           nz = nz + 2
         end
-        xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
-        nx = nx + 2
+        ne = ne + 1
+        events[ne] = 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
         answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. ' ' .. now_s
       end
     else
@@ -331,9 +335,9 @@ local function run_steps(first, n, prior)
         zrem[nr + 1] = key
         nr = nr + 1
       end
-      xadd[nx + 1], xadd[nx + 2] = 'e', 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
+      ne = ne + 1
+      events[ne] = 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
         esc_once(actor) .. '\n' .. esc_once(why_of(source, reason))
-      nx = nx + 2
       answers[prior + j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
     end
     o = o + STEP_ARGS[code]
@@ -401,8 +405,9 @@ local function run_steps(first, n, prior)
     if nr > 2 then
       call(unpack(zrem, 1, nr))
     end
-    if nx > 3 then
-      append_entry(xadd, nx, now_s)
+    if ne > 0 then
+      xadd[2], xadd[5] = K_EVENTS, table.concat(events, '\n', 1, ne)
+      append_entry(xadd, 5, now_s)
     end
   end
 
