@@ -113,6 +113,10 @@ local function esc_once(s)
   return e
 end
 
+-- The head's actor and lease owner (set_head), escaped: what most steps
+-- write.
+local head_actor_e, head_owner_e
+
 -- The texts of the call's clock: its time, and its last guard's lease (TTL,
 -- expiry, score in the lease set). A fleet's call holds a run each, and a
 -- run's steps are at the call's time unless its last step was later (a
@@ -251,25 +255,36 @@ local function run_steps(first, n, prior)
   if now == at then
     lease_ttl, lease_s, lease_score = clock_ttl, clock_lease_s, clock_lease_score
   end
+  -- The texts every common step of the run begins its answer or event
+  -- with, made once for the run.
+  local admitted_answer, admitted_event, outcome_event
+  if common then
+    admitted_answer = 'admitted ' .. status .. ' ' .. ver .. ' '
+    admitted_event, outcome_event = 'intent.admitted ' .. ver .. '  IN_FLIGHT ', 'intent.outcome ' .. ver .. ' IN_FLIGHT '
+  end
   o = first
   local j = 1
   while common and j <= n do
     local code = A[o]
     if code == 'g' or code == 'G' then
       local observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3]
-      local actor, owner, ttl = guard_texts(o)
+      local sb = 's:' .. base
       local not_after = tonumber(A[o + 7])
       if not_after and at > not_after then
         answers[prior + j] = reply('late')
-      elseif (view['s:' .. base] and string.byte(flags, 1) == 49) or A[o + 6] ~= '' or
+      elseif (view[sb] and string.byte(flags, 1) == 49) or A[o + 6] ~= '' or
           (observed_s ~= '0' and observed_s ~= ver) or A[o + 8] ~= '' then
         -- An explicit key seen before, a scheduled retry, a stale version,
         -- an edge's own refusal: the general rules.
         common = false
         break
       else
+        local actor_e, owner_e, ttl = head_actor_e, head_owner_e, head_ttl
+        if code == 'G' then
+          actor_e, owner_e, ttl = esc_once(A[o + 9]), esc_once(A[o + 10]), A[o + 11]
+        end
         local key = base
-        if view['s:' .. base] then
+        if view[sb] then
           -- A derived base used before (the same request again).
           local list = names and names[base]
           local at_n = list and (named[base] or 0) + 1
@@ -290,7 +305,7 @@ local function run_steps(first, n, prior)
           lease_score = '-' .. lease_s
         end
         local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. A[o + 5]
-        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. esc_once(owner) .. '\n\n\n'
+        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. owner_e .. '\n\n\n'
         local ik, sk = 'i:' .. key, 's:' .. key
         view[ik], view[sk] = imm, mut
         hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
@@ -304,12 +319,11 @@ local function run_steps(first, n, prior)
           nz = nz + 2
         end
         ne = ne + 1
-        events[ne] = 'intent.admitted ' .. ver .. '  IN_FLIGHT ' .. key .. '\n' .. esc_once(actor) .. '\n'
-        answers[prior + j] = 'admitted ' .. status .. ' ' .. ver .. ' ' .. key .. ' ' .. now_s
+        events[ne] = admitted_event .. key .. '\n' .. actor_e .. '\n'
+        answers[prior + j] = admitted_answer .. key .. ' ' .. now_s
       end
     else
       local key, outcome = A[o + 1], A[o + 3]
-      local actor = finish_actor(o)
       local sk = 's:' .. key
       local mut = view[sk]
       local from, attempts, refusals
@@ -336,8 +350,8 @@ local function run_steps(first, n, prior)
         nr = nr + 1
       end
       ne = ne + 1
-      events[ne] = 'intent.outcome ' .. ver .. ' IN_FLIGHT ' .. outcome .. ' ' .. key .. '\n' ..
-        esc_once(actor) .. '\n' .. esc_once(why_of(source, reason))
+      events[ne] = outcome_event .. outcome .. ' ' .. key .. '\n' ..
+        (code == 'F' and esc_once(A[o + 7]) or head_actor_e) .. '\n' .. esc_once(why_of(source, reason))
       answers[prior + j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
     end
     o = o + STEP_ARGS[code]
@@ -439,6 +453,7 @@ local function batch(keys)
   calls = calls + 1
   clock_s, clock_ttl, clock_lease_s, clock_lease_score = nil, nil, nil, nil
   set_head(A[2], A[3], A[4])
+  head_actor_e, head_owner_e = esc_once(A[2]), esc_once(A[3])
   local o, answered = 5, 0
   for g = 1, tonumber(A[1]) do
     local n = tonumber(A[o])
