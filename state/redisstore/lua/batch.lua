@@ -130,10 +130,11 @@ local clock_s, clock_ttl, clock_lease_s, clock_lease_score
 local answers = {}
 
 -- The fields of the row a run's steps read (run_steps), refilled for each
--- run from the seventh; and, by an outcome's count field, the last run that
--- asked for it (its mark: the call's number and its first step's offset),
--- so that a run asks once.
+-- run from the seventh, and by step where its own are; and, by an
+-- outcome's count field, the last run that asked for it (its mark: the
+-- call's number and its first step's offset), so that a run asks once.
 local fields = {'status', 'o', 'v', 't', 'n:IN_FLIGHT', 'l'}
+local field_of = {}
 local counted = {}
 local calls = 0
 
@@ -150,8 +151,11 @@ local function run_steps(first, n, prior)
 
   -- The row's fields the steps read: status, ordinal, version, last time,
   -- the lone lease (LONE, prelude.lua), and the counts the common steps
-  -- move, IN_FLIGHT's and each outcome's the steps name. Each element of HMGET's answer costs Lua a string and
-  -- a table slot, about as much as a short step's own work.
+  -- move, IN_FLIGHT's and each outcome's the steps name. Each element of
+  -- HMGET's answer costs Lua a string and a table slot, about as much as a
+  -- short step's own work. By step, field_of has where its record's field
+  -- s:KEY (an outcome's, then i:KEY) or s:BASE (a guard's) is, so that no
+  -- step names its fields twice.
   local nf = 6
   local o = first
   -- The guards' bases: the field s:BASE of each, and by its index, for a
@@ -159,7 +163,7 @@ local function run_steps(first, n, prior)
   -- names the same base, one field for them all. (A base named again after
   -- another is asked again; its later guards are then named one by one.)
   local guards, last, last_at = nil, nil, 0
-  for _ = 1, n do
+  for j = 1, n do
     local code = A[o]
     if code == 'g' or code == 'G' then
       local base = A[o + 2]
@@ -171,8 +175,10 @@ local function run_steps(first, n, prior)
         fields[nf] = 's:' .. base
         last, last_at = base, nf
       end
+      field_of[j] = last_at
     else
       fields[nf + 1], fields[nf + 2] = 's:' .. A[o + 1], 'i:' .. A[o + 1]
+      field_of[j] = nf + 1
       nf = nf + 2
       local count = 'n:' .. A[o + 3]
       if counted[count] ~= mark and count ~= 'n:IN_FLIGHT' then
@@ -268,7 +274,7 @@ local function run_steps(first, n, prior)
     local code = A[o]
     if code == 'g' or code == 'G' then
       local observed_s, base, flags = A[o + 1], A[o + 2], A[o + 3]
-      local sb = 's:' .. base
+      local sb = fields[field_of[j]]
       local not_after = tonumber(A[o + 7])
       if not_after and at > not_after then
         answers[prior + j] = reply('late')
@@ -324,7 +330,8 @@ local function run_steps(first, n, prior)
       end
     else
       local key, outcome = A[o + 1], A[o + 3]
-      local sk = 's:' .. key
+      local at_f = field_of[j]
+      local sk = fields[at_f]
       local mut = view[sk]
       local from, attempts, refusals
       if mut then
@@ -352,7 +359,7 @@ local function run_steps(first, n, prior)
       ne = ne + 1
       events[ne] = outcome_event .. outcome .. ' ' .. key .. '\n' ..
         (code == 'F' and esc_once(A[o + 7]) or head_actor_e) .. '\n' .. esc_once(why_of(source, reason))
-      answers[prior + j] = 'recorded ' .. key .. '\n' .. view['i:' .. key] .. '\n' .. mut
+      answers[prior + j] = 'recorded ' .. key .. '\n' .. view[fields[at_f + 1]] .. '\n' .. mut
     end
     o = o + STEP_ARGS[code]
     j = j + 1
