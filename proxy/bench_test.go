@@ -1,13 +1,20 @@
 package proxy_test
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
+	"log"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/elazarl/goproxy"
 
 	"github.com/stopgate/stopgate/internal/redisserver"
 )
@@ -71,26 +78,27 @@ func BenchmarkPOST(b *testing.B) {
 }
 
 // BenchmarkGET64 is the bench's busiest case in one process: 64 keep-alive
-// connections of small GETs through stopgate on each store. It is there to
-// be profiled (-cpuprofile; the client and the upstream share the profile,
-// so focus on the proxy: -focus 'proxy\.'), not to be compared: make bench
-// measures the proxies as processes of their own.
+// connections of small GETs through plain goproxy and through stopgate on
+// each store. It is there to be profiled (-cpuprofile; the client and the
+// upstream share the profile, so focus on the proxy: -focus 'proxy\.') and
+// for its allocations (-benchmem, the whole process: what stopgate adds is
+// its figure less plain goproxy's), not for its times: make bench measures
+// the proxies as processes of their own.
 func BenchmarkGET64(b *testing.B) {
 	up := newUpstream(b, false, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	for _, tc := range []struct {
-		name  string
-		store func(b *testing.B) envOptions
+		name   string
+		client func(b *testing.B) *http.Client
 	}{
-		{"stopgate-embedded", func(*testing.B) envOptions { return envOptions{} }},
-		{"stopgate-redis", func(b *testing.B) envOptions {
+		{"plain-goproxy", plainGoproxyClient},
+		{"stopgate-embedded", func(b *testing.B) *http.Client { return benchClient(b, envOptions{}) }},
+		{"stopgate-redis", func(b *testing.B) *http.Client {
 			srv := redisserver.Start(b, redisserver.Options{})
-			return envOptions{store: newRedisStore(b, srv, benchStoreTimeout), storeTimeout: benchStoreTimeout}
+			return benchClient(b, envOptions{store: newRedisStore(b, srv, benchStoreTimeout), storeTimeout: benchStoreTimeout})
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			e := newEnv(b, tc.store(b))
-			e.admit("bench")
-			c := e.client("bench", 1)
+			c := tc.client(b)
 			c.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
 			var n atomic.Int64
 			b.SetParallelism(32)
@@ -112,4 +120,38 @@ func BenchmarkGET64(b *testing.B) {
 			})
 		})
 	}
+}
+
+// benchClient is a client of run "bench" through stopgate on opts' store.
+func benchClient(b *testing.B, opts envOptions) *http.Client {
+	e := newEnv(b, opts)
+	e.admit("bench")
+	return e.client("bench", 1)
+}
+
+// plainGoproxyClient is a client through goproxy as stopgate's baseline
+// (internal/bench/cmd/plain-goproxy) configures it: stopgate's upstream
+// transport, no guard, no interception (the requests are plain HTTP).
+func plainGoproxyClient(b *testing.B) *http.Client {
+	gp := goproxy.NewProxyHttpServer()
+	gp.Tr = &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          512,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	gp.ConnectDial = nil
+	gp.ConnectDialWithReq = nil
+	gp.KeepAcceptEncoding = true
+	gp.Logger = log.New(io.Discard, "", 0)
+	srv := httptest.NewServer(gp)
+	b.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	// The credentials stopgate's clients send, which goproxy strips.
+	u.User = url.UserPassword("bench", "1")
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(u)}}
 }
