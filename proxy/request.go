@@ -33,6 +33,12 @@ type exchange struct {
 	start    time.Time
 	flow     *flow
 	body     *spooledBody
+	// admitted, answer and intentHeader are what flow, the answer's body
+	// and its intent header point to: kept here, an admitted request's
+	// flow and answer cost no allocations of their own.
+	admitted     flow
+	answer       flowBody
+	intentHeader [1]string
 	// ctx is the request's context, cancelled with a cause when the flow is cut.
 	ctx context.Context
 	// store is how long the guard took.
@@ -293,11 +299,15 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 		return refusal.FromError(err)
 	}
 	host := hostOf(req)
-	ex.flow = &flow{
+	// A request guarded before its body was read and admitted has been
+	// recorded NOT_SENT by now: its flow was never registered, and the
+	// guard with its body takes its place.
+	ex.admitted = flow{
 		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: host,
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
 		effects: p.effectsOf(host),
 	}
+	ex.flow = &ex.admitted
 	if ex.body != nil {
 		ex.flow.bytes = ex.body.size
 	}
@@ -382,9 +392,14 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	p.finishLater(req.Context(), ex, state.IntentResponded, resp.StatusCode)
 	// Only stopgate speaks in its own headers: an upstream's would mislead the agent.
 	resp.Header.Del(refusal.Header)
-	resp.Header.Set(refusal.IntentHeader, f.intent.Key)
+	// Set by its key as net/http stores it, which it is spelled as
+	// (TestIntentHeaderIsKeyedAsNetHTTPStoresIt), replacing whatever the
+	// upstream sent under it.
+	ex.intentHeader[0] = f.intent.Key
+	resp.Header[refusal.IntentHeader] = ex.intentHeader[:]
 	upstreamBody := resp.Body
-	body := &flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: !ex.inTunnel}
+	ex.answer = flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: !ex.inTunnel}
+	body := &ex.answer
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		// A cut ends the body through the transport, which watches the
 		// request's context until the body is read.

@@ -1,9 +1,21 @@
 package proxy
 
 import (
+	"net/http"
 	"net/url"
 	"testing"
+
+	"github.com/stopgate/stopgate/refusal"
 )
+
+// TestIntentHeaderIsKeyedAsNetHTTPStoresIt: an answer's intent header is
+// set in its header map directly, which replaces an upstream's header of
+// that name only under the key net/http stores it by.
+func TestIntentHeaderIsKeyedAsNetHTTPStoresIt(t *testing.T) {
+	if got := http.CanonicalHeaderKey(refusal.IntentHeader); got != refusal.IntentHeader {
+		t.Fatalf("net/http keys %s as %q: an upstream's header of that name would reach the agent beside stopgate's", refusal.IntentHeader, got)
+	}
+}
 
 // TestRecordedTargetLeavesOutCredentialsQueryAndFragment: the ledger keeps
 // where a request went, never what its URL may carry as secrets, whether
