@@ -271,14 +271,18 @@ func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, gr
 // canonicalAddr is the host:port a request's URL dials, as Go's transport
 // names it (the scheme's port when the URL has none).
 func canonicalAddr(u *url.URL) string {
-	port := u.Port()
+	host, port := u.Hostname(), u.Port()
+	if port != "" && !strings.Contains(host, ":") && len(u.Host) == len(host)+1+len(port) {
+		// Host is host:port as written, with no brackets to add or drop.
+		return u.Host
+	}
 	if port == "" {
 		port = "80"
 		if u.Scheme == "https" || u.Scheme == "wss" {
 			port = "443"
 		}
 	}
-	return net.JoinHostPort(u.Hostname(), port)
+	return net.JoinHostPort(host, port)
 }
 
 // guard runs the one atomic guard for the exchange's effect. Admitted, the
@@ -564,13 +568,21 @@ func closeBody(b *spooledBody) {
 // recordedTarget is the URL kept in the ledger: without credentials or
 // query, which often carry secrets; the derived key still covers the query.
 // whole is u.String() when the caller has written it out ("" when not):
-// with nothing to leave out, it is the record as it is.
+// with nothing to leave out, it is the record as it is, and with a query
+// alone to leave out, the record is its start.
 func recordedTarget(u *url.URL, whole string) string {
 	if u.User == nil && u.RawQuery == "" && u.Fragment == "" {
 		if whole == "" {
 			whole = u.String()
 		}
 		return state.Clip(whole, state.MaxTargetLen)
+	}
+	if u.User == nil && u.Fragment == "" && whole != "" {
+		// u.String() ends with "?" and the raw query when it has no
+		// fragment.
+		if n := len(whole) - len(u.RawQuery) - 1; n >= 0 && whole[n] == '?' && whole[n+1:] == u.RawQuery {
+			return state.Clip(whole[:n], state.MaxTargetLen)
+		}
 	}
 	c := *u
 	c.User = nil

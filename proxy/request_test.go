@@ -29,6 +29,12 @@ func TestRecordedTargetLeavesOutCredentialsQueryAndFragment(t *testing.T) {
 		{"http://api.example/v1#frag", "http://api.example/v1"},
 		{"http://u@api.example/v1?key=secret#frag", "http://api.example/v1"},
 		{"http://api.example/v1?", "http://api.example/v1?"},
+		{"http://api.example/v1?a=1?b=2", "http://api.example/v1"},
+		{"http://api.example/a%3Fb?c=d", "http://api.example/a%3Fb"},
+		{"http://api.example/a%3Fb", "http://api.example/a%3Fb"},
+		{"http://api.example?q=1", "http://api.example"},
+		{"http://u@api.example/v1?key=secret", "http://api.example/v1"},
+		{"http://api.example/v1?key=secret#", "http://api.example/v1"},
 		{"http://[::1]:80/x", "http://[::1]:80/x"},
 	} {
 		u, err := url.Parse(tc.url)
@@ -39,6 +45,32 @@ func TestRecordedTargetLeavesOutCredentialsQueryAndFragment(t *testing.T) {
 			if got := recordedTarget(u, whole); got != tc.want {
 				t.Errorf("recordedTarget(%s, whole %q) = %s, want %s", tc.url, whole, got, tc.want)
 			}
+		}
+	}
+}
+
+// TestCanonicalAddrIsWhatTheTransportDials: a request's destination is
+// checked as host:port the way Go's transport writes the address it dials,
+// whether or not the URL spells its port, and however it brackets its host.
+func TestCanonicalAddrIsWhatTheTransportDials(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"http://api.example/v1", "api.example:80"},
+		{"https://api.example/v1", "api.example:443"},
+		{"wss://api.example/v1", "api.example:443"},
+		{"http://api.example:8080/v1", "api.example:8080"},
+		{"http://API.example:8080/v1", "API.example:8080"},
+		{"http://127.0.0.1:9/", "127.0.0.1:9"},
+		{"http://[::1]:8080/", "[::1]:8080"},
+		{"https://[::1]/", "[::1]:443"},
+		{"http://[fe80::1%25eth0]:80/", "[fe80::1%eth0]:80"},
+		{"http://api.example:/v1", "api.example:80"},
+	} {
+		u, err := url.Parse(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := canonicalAddr(u); got != tc.want {
+			t.Errorf("canonicalAddr(%s) = %s, want %s", tc.url, got, tc.want)
 		}
 	}
 }
