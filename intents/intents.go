@@ -132,19 +132,30 @@ func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Int
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
 	out, err := l.store.Finish(ctx, req)
-	return out, notRecorded(req, err)
+	return out, notRecorded(req.Outcome, req.RunID, req.Key, err)
+}
+
+// A Recorder is told what became of an outcome queued by
+// Ledger.FinishLater. It is an interface rather than a func so that a
+// carrier already on the heap (a proxied request) is told without a
+// closure of its own on every request.
+type Recorder interface {
+	// Recorded is called once, with what Finish would have returned, on
+	// the store's goroutine: it must be quick and must not call the store.
+	Recorded(state.Intent, error)
 }
 
 // FinishLater is Finish for a carrier that does not wait for the record:
 // the outcome is queued in the store now, ordered before every later step
-// of this instance, and done is called with what Finish would have
-// returned once it is written (see state.Store.FinishLater). done runs on
-// the store's goroutine: it must be quick and must not call the store.
-// The store bounds the step as it bounds the write that carries it.
-func (l *Ledger) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+// of this instance, and r is told what Finish would have returned once it
+// is written (see state.Store.FinishLater). The store bounds the step as
+// it bounds the write that carries it.
+func (l *Ledger) FinishLater(ctx context.Context, req state.FinishRequest, r Recorder) {
 	req = l.release(req)
+	// The callback keeps what its error names, not the whole request.
+	outcome, run, key := req.Outcome, req.RunID, req.Key
 	l.store.FinishLater(context.WithoutCancel(ctx), req, func(out state.Intent, err error) {
-		done(out, notRecorded(req, err))
+		r.Recorded(out, notRecorded(outcome, run, key, err))
 	})
 }
 
@@ -159,11 +170,11 @@ func (l *Ledger) release(req state.FinishRequest) state.FinishRequest {
 	return req
 }
 
-func notRecorded(req state.FinishRequest, err error) error {
+func notRecorded(outcome state.IntentState, run, key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("record %s of intent %s/%s: %w", req.Outcome, req.RunID, req.Key, unavailableOnDeadline(err))
+	return fmt.Errorf("record %s of intent %s/%s: %w", outcome, run, key, unavailableOnDeadline(err))
 }
 
 // Note adds one line about an intent this ledger carried to the run's

@@ -89,6 +89,16 @@ func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
 	}
 }
 
+// answerTo is a Recorder that sends what it is told to a channel.
+type answerTo chan<- answer
+
+type answer struct {
+	in  state.Intent
+	err error
+}
+
+func (ch answerTo) Recorded(in state.Intent, err error) { ch <- answer{in, err} }
+
 // FinishLater lets the lease go at once, records the outcome as the ledger,
 // and tells the caller what was recorded, or why nothing was, in Finish's
 // own words.
@@ -103,13 +113,9 @@ func TestLedgerFinishLaterReleasesAtOnceAndReportsTheRecord(t *testing.T) {
 	if err != nil || !res.Admitted {
 		t.Fatalf("begin: %+v %v", res, err)
 	}
-	type answer struct {
-		in  state.Intent
-		err error
-	}
 	later := func(req state.FinishRequest) answer {
 		ch := make(chan answer, 1)
-		l.FinishLater(ctx, req, func(in state.Intent, err error) { ch <- answer{in, err} })
+		l.FinishLater(ctx, req, answerTo(ch))
 		if len(l.Held()) != 0 {
 			t.Fatalf("held after FinishLater: %v", l.Held())
 		}

@@ -55,11 +55,24 @@ type exchange struct {
 	// cost no allocation of their own.
 	wrote atomic.Bool
 	trace httptrace.ClientTrace
-	// line is the outcome's decision line while its record is queued, and
-	// lineStarted when it was queued: kept here, the callback that writes
-	// the line holds pointers only, and the line costs no allocation.
-	line        telemetry.Decision
-	lineStarted time.Time
+	// queued is the outcome's decision line while its record is queued.
+	queued queuedLine
+}
+
+// queuedLine is the decision line of an outcome queued by finishLater,
+// written once the ledger tells what became of the record. It lives in its
+// exchange, so that neither the line nor what writes it costs an
+// allocation.
+type queuedLine struct {
+	p *Proxy
+	// ctx is the request's, whose values the line takes.
+	ctx     context.Context
+	line    telemetry.Decision
+	started time.Time
+}
+
+func (q *queuedLine) Recorded(_ state.Intent, err error) {
+	q.p.recorded(q.ctx, q.line, q.started, err)
 }
 
 // exchangeOf returns the exchange of a goproxy context, nil if it has none.
@@ -444,13 +457,12 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 // queued in the store, before any later step of this instance, and its
 // line is written once it is recorded.
 func (p *Proxy) finishLater(ctx context.Context, ex *exchange, outcome state.IntentState, code int) {
-	ex.lineStarted = time.Now()
-	ex.line = finished(ex, outcome, code)
 	// The ledger records it whatever becomes of ctx; the line, written
 	// later, only takes ctx's values.
+	ex.queued = queuedLine{p: p, ctx: ctx, line: finished(ex, outcome, code), started: time.Now()}
 	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
 		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome, StatusCode: code,
-	}, func(_ state.Intent, err error) { p.recorded(ctx, ex.line, ex.lineStarted, err) })
+	}, &ex.queued)
 }
 
 // finished is the decision line of the exchange's outcome, as things
