@@ -57,6 +57,10 @@ type destinations struct {
 type target struct {
 	hostport string
 	addrs    []netip.AddrPort
+	// one holds addrs when there is one address (an address literal, most
+	// names), so that checking a request's destination in its exchange
+	// allocates nothing; a copy of the target reads the original's.
+	one [1]netip.AddrPort
 }
 
 // errUnresolved is a destination whose name did not resolve: not a
@@ -182,17 +186,18 @@ func (d *destinations) protect(ctx context.Context, p Protected) error {
 	return nil
 }
 
-// check decides whether hostport may be reached and resolves it. A refusal
-// is destination_denied (or invalid_request for a hostport that is not
-// one); an error wrapping errUnresolved is a name that did not resolve,
-// which is for the dial to report.
-func (d *destinations) check(ctx context.Context, hostport string) (target, error) {
+// check decides whether hostport may be reached and resolves it into t. A
+// refusal is destination_denied (or invalid_request for a hostport that is
+// not one); an error wrapping errUnresolved is a name that did not
+// resolve, which is for the dial to report.
+func (d *destinations) check(ctx context.Context, hostport string, t *target) error {
+	*t = target{}
 	host, portStr, err := net.SplitHostPort(hostport)
 	port, perr := strconv.ParseUint(portStr, 10, 16)
 	if err != nil || perr != nil || port == 0 || host == "" {
-		return target{}, refusal.New(refusal.InvalidRequest, "destination %q is not host:port", hostport)
+		return refusal.New(refusal.InvalidRequest, "destination %q is not host:port", hostport)
 	}
-	t := target{hostport: hostport}
+	t.hostport = hostport
 	var addrs []netip.Addr
 	byName := false
 	if a, err := netip.ParseAddr(host); err == nil {
@@ -200,10 +205,10 @@ func (d *destinations) check(ctx context.Context, hostport string) (target, erro
 	} else {
 		name := net.JoinHostPort(normalName(host), portStr)
 		if what, ok := d.protectedNames[name]; ok {
-			return t, denied(hostport, what)
+			return denied(hostport, what)
 		}
 		if d.denyHosts.Match(name) {
-			return t, denied(hostport, "denied by the policy's destinations.deny")
+			return denied(hostport, "denied by the policy's destinations.deny")
 		}
 		byName = d.allowHosts.Match(name)
 		addrs, err = d.resolve(ctx, host)
@@ -211,20 +216,21 @@ func (d *destinations) check(ctx context.Context, hostport string) (target, erro
 			err = errors.New("no address")
 		}
 		if err != nil {
-			return t, fmt.Errorf("%w %s: %w", errUnresolved, host, err)
+			return fmt.Errorf("%w %s: %w", errUnresolved, host, err)
 		}
 	}
+	t.addrs = t.one[:0]
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a.Unmap().WithZone(""), uint16(port))
 		if why := d.decide(ap, byName); why != "" {
 			if ap.Addr().String() != host {
 				why = fmt.Sprintf("%s resolves to %s, %s", host, ap.Addr(), why)
 			}
-			return t, denied(hostport, why)
+			return denied(hostport, why)
 		}
 		t.addrs = append(t.addrs, ap)
 	}
-	return t, nil
+	return nil
 }
 
 // decide is the rule for one address: "" if it may be dialled, else why not.

@@ -109,7 +109,8 @@ func TestDestinationRules(t *testing.T) {
 		{"api.example.com:0", "not host:port"},
 	} {
 		t.Run(tc.dest, func(t *testing.T) {
-			got, err := d.check(context.Background(), tc.dest)
+			var got target
+			err := d.check(context.Background(), tc.dest, &got)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -138,11 +139,11 @@ func TestLinkLocalCannotBeAllowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dest := range []string{"169.254.169.254:80", "[fe80::1]:80"} {
-		if _, err := d.check(context.Background(), dest); err == nil {
+		if err := d.check(context.Background(), dest, new(target)); err == nil {
 			t.Errorf("%s allowed by an allow-everything rule", dest)
 		}
 	}
-	if _, err := d.check(context.Background(), "10.0.0.1:80"); err != nil {
+	if err := d.check(context.Background(), "10.0.0.1:80", new(target)); err != nil {
 		t.Errorf("allow-everything refused a private address: %v", err)
 	}
 }
@@ -188,8 +189,8 @@ func FuzzDestinationCheck(f *testing.F) {
 		if err != nil {
 			return
 		}
-		got, err := d.check(context.Background(), dest)
-		if err != nil {
+		var got target
+		if err := d.check(context.Background(), dest, &got); err != nil {
 			return
 		}
 		for _, ap := range got.addrs {
@@ -219,4 +220,41 @@ func embedded(a netip.Addr) netip.Addr {
 		return in
 	}
 	return a
+}
+
+// TestCheckKeepsEveryAddressToDial: a checked name is dialled at every
+// address it resolved to, in order, and a copy of its target (the dial's)
+// reads the same ones; checking again replaces what a target held.
+func TestCheckKeepsEveryAddressToDial(t *testing.T) {
+	d, err := newDestinations(context.Background(), destinationRules{resolve: fixedResolver(map[string][]string{
+		"one.example.com": {"93.184.216.34"},
+		"two.example.com": {"93.184.216.34", "2606:4700::6810:84e5"},
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(t *testing.T, got target, hostport string, addrs ...string) {
+		t.Helper()
+		if got.hostport != hostport || len(got.addrs) != len(addrs) {
+			t.Fatalf("checked %+v, want %s at %v", got, hostport, addrs)
+		}
+		for i, a := range addrs {
+			if got.addrs[i] != netip.MustParseAddrPort(a) {
+				t.Fatalf("checked %+v, want %s at %v", got, hostport, addrs)
+			}
+		}
+	}
+	var dest target
+	if err := d.check(context.Background(), "two.example.com:443", &dest); err != nil {
+		t.Fatal(err)
+	}
+	copied := dest
+	want(t, copied, "two.example.com:443", "93.184.216.34:443", "[2606:4700::6810:84e5]:443")
+	if err := d.check(context.Background(), "one.example.com:80", &dest); err != nil {
+		t.Fatal(err)
+	}
+	want(t, dest, "one.example.com:80", "93.184.216.34:80")
+	if err := d.check(context.Background(), "nowhere.example.com:80", &dest); !errors.Is(err, errUnresolved) || dest.addrs != nil {
+		t.Fatalf("an unresolved name: %+v %v, want no address to dial and errUnresolved", dest, err)
+	}
 }

@@ -174,8 +174,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
 	}
 	greq.Target = recordedTarget(req.URL, rawURL)
-	dest, r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq)
-	if r != nil {
+	if r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq); r != nil {
 		return req, p.refuse(req, ex, boundary, r)
 	}
 	if p.guardFirst(req, id, allow) {
@@ -216,7 +215,6 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		return req, p.refuse(req, ex, boundary, r)
 	}
 	// The round trip dials the addresses the destination check resolved.
-	ex.dest = dest
 	ctx, cut := context.WithCancelCause(withTarget(req.Context(), &ex.dest))
 	ex.ctx, ex.flow.cut = ctx, cut
 	p.flows.add(ex.flow)
@@ -255,15 +253,16 @@ func idempotencyKey(h http.Header) (string, bool, *refusal.Refusal) {
 // guard's one step (GuardRequest.Refuse), when the request names a run;
 // without one it is logged and counted only. A name that does not resolve
 // is not refused here: the dial resolves it again and the round trip
-// records what it got (NOT_SENT).
-func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, greq state.GuardRequest) (target, *refusal.Refusal) {
-	t, err := p.dests.check(req.Context(), hostport)
+// records what it got (NOT_SENT). The checked destination is the
+// exchange's dest, which its dial reads.
+func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, greq state.GuardRequest) *refusal.Refusal {
+	err := p.dests.check(req.Context(), hostport, &ex.dest)
 	if err == nil || errors.Is(err, errUnresolved) {
-		return t, nil
+		return nil
 	}
 	r := refusal.FromError(err)
 	if r.Code != refusal.DestinationDenied || !ex.hasID {
-		return t, r
+		return r
 	}
 	r.RunID, r.ObservedVersion = ex.id.run, ex.id.version
 	greq.Refuse = string(refusal.DestinationDenied)
@@ -278,7 +277,7 @@ func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, gr
 		r.Message += "; recorded " + string(state.IntentCancelledBeforeDispatch) + " under " + res.Intent.Key
 		p.seen.learn(res.Run)
 	}
-	return t, r
+	return r
 }
 
 // canonicalAddr is the host:port a request's URL dials, as Go's transport

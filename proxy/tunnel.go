@@ -64,8 +64,7 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	dest, r := p.destination(req, ex, checkedAddr(req.Context(), host), greq)
-	if r != nil {
+	if r := p.destination(req, ex, checkedAddr(req.Context(), host), greq); r != nil {
 		return reject(r)
 	}
 	if !passThrough {
@@ -76,7 +75,6 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		// The tunnel bounds its client's silences itself, both ways at once.
 		ex.slot.mode.Store(readOwn)
 	}
-	ex.dest = dest
 	if r := p.guard(req, ex, greq); r != nil {
 		return reject(r)
 	}

@@ -44,10 +44,11 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 	addr = checkedAddr(ctx, addr)
 	t, ok := targetOf(ctx)
 	if !ok || t.addrs == nil || !strings.EqualFold(t.hostport, addr) {
-		var err error
-		if t, err = p.dests.check(ctx, addr); err != nil {
+		checked := new(target)
+		if err := p.dests.check(ctx, addr, checked); err != nil {
 			return nil, err
 		}
+		t = *checked
 	}
 	var errs []error
 	for _, ap := range t.addrs {
