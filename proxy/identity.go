@@ -85,29 +85,37 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 	if fallback != nil && fallback.bound {
 		return *fallback, nil
 	}
-	// Two values of a header that names the run are two answers to one
-	// question: refused, rather than letting the first (or the last) win
-	// where a client and something in front of it disagree.
-	for _, k := range [...]string{keyRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization"} {
-		if n := len(h.Values(k)); n > 1 {
+	// Each header that names the run is read once, by the key net/http
+	// stores it under: every request reads all four, and Get or Values
+	// would check the key's case and look it up again. Two values of one
+	// are two answers to one question: refused, rather than letting the
+	// first (or the last) win where a client and something in front of it
+	// disagree.
+	var values [4]string
+	for i, k := range identityKeys() {
+		switch vs := h[k]; len(vs) {
+		case 0:
+		case 1:
+			values[i] = vs[0]
+		default:
 			if k == keyRunID {
 				k = HeaderRunID // as the contract spells it
 			}
-			return identity{}, fmt.Errorf("%w: %d %s headers: send one", state.ErrInvalid, n, k)
+			return identity{}, fmt.Errorf("%w: %d %s headers: send one", state.ErrInvalid, len(vs), k)
 		}
 	}
-	run := h.Get(keyRunID)
-	if tok := h.Get(HeaderRunToken); tok != "" {
-		if h.Get(HeaderRunVersion) != "" {
+	run, version, tok, auth := values[0], values[1], values[2], values[3]
+	if tok != "" {
+		if version != "" {
 			return identity{}, fmt.Errorf("%w: %s and %s together: the token carries the version", state.ErrInvalid, HeaderRunToken, HeaderRunVersion)
 		}
 		return tc.verify(tok, run, "token header")
 	}
-	if auth := h.Get("Proxy-Authorization"); run != "" && auth != "" && tc.signer != nil {
+	if run != "" && auth != "" && tc.signer != nil {
 		// A token as the proxy password next to X-Run-ID: the token is the
 		// identity, and the header must name its run.
 		if user, pass, err := basicCredentials(auth); err == nil && runtoken.IsToken(pass) {
-			if h.Get(HeaderRunVersion) != "" {
+			if version != "" {
 				return identity{}, fmt.Errorf("%w: %s and a run token together: the token carries the version", state.ErrInvalid, HeaderRunVersion)
 			}
 			if user != run {
@@ -116,20 +124,20 @@ func identify(h http.Header, fallback *identity, tc tokenCheck) (identity, error
 			return tc.verify(pass, run, "credentials token")
 		}
 	}
-	if run != "" || h.Get(HeaderRunVersion) != "" {
+	if run != "" || version != "" {
 		if run == "" {
 			return identity{}, fmt.Errorf("%w: %s without %s", state.ErrInvalid, HeaderRunVersion, HeaderRunID)
 		}
 		if err := state.ValidateRunID(run); err != nil {
 			return identity{}, fmt.Errorf("header %s: %w", HeaderRunID, err)
 		}
-		v, err := parseVersion(h.Get(HeaderRunVersion))
+		v, err := parseVersion(version)
 		if err != nil {
 			return identity{}, fmt.Errorf("header %s: %w", HeaderRunVersion, err)
 		}
 		return tc.unsigned(identity{run: run, version: v, via: "header"})
 	}
-	if auth := h.Get("Proxy-Authorization"); auth != "" {
+	if auth != "" {
 		return fromCredentials(auth, tc)
 	}
 	if fallback != nil {
@@ -145,7 +153,10 @@ func basicCredentials(auth string) (user, pass string, err error) {
 	if !found || !strings.EqualFold(scheme, "Basic") {
 		return "", "", badCredentials{"Proxy-Authorization must be Basic RUN_ID:VERSION"}
 	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(encoded))
+	// Decoded on the stack, where a run id and a version fit: the one
+	// string made of them holds both.
+	var buf [128]byte
+	raw, err := base64.StdEncoding.AppendDecode(buf[:0], []byte(strings.TrimSpace(encoded)))
 	if err != nil {
 		return "", "", badCredentials{"Proxy-Authorization is not valid base64"}
 	}
@@ -182,9 +193,18 @@ func parseVersion(s string) (int64, error) {
 	return v, nil
 }
 
-// stripIdentity removes what names the run from a request bound upstream.
+// stripIdentity removes what names the run from a request bound upstream,
+// by the keys net/http stores the headers under.
 func stripIdentity(h http.Header) {
-	for _, k := range [...]string{keyRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization", "Proxy-Connection"} {
-		h.Del(k)
+	for _, k := range identityKeys() {
+		delete(h, k)
 	}
+	delete(h, "Proxy-Connection")
+}
+
+// identityKeys are the headers a client names its run with, in the order
+// identify reads them, as net/http keys them (http.CanonicalHeaderKey):
+// keyRunID for X-Run-ID, the others as they are spelled.
+func identityKeys() [4]string {
+	return [...]string{keyRunID, HeaderRunVersion, HeaderRunToken, "Proxy-Authorization"}
 }

@@ -11,9 +11,18 @@ import (
 	"github.com/stopgate/stopgate/state"
 )
 
-func TestRunIDKeyIsTheOneNetHTTPStores(t *testing.T) {
+// TestIdentityKeysAreTheOnesNetHTTPStores: the headers that name a run are
+// read and stripped by their keys in the header map, which are net/http's
+// own spelling of them; any other spelling would never see them.
+func TestIdentityKeysAreTheOnesNetHTTPStores(t *testing.T) {
 	if got := http.CanonicalHeaderKey(HeaderRunID); got != keyRunID {
 		t.Fatalf("net/http keys %s as %q; keyRunID is %q, so the proxy would not see the header", HeaderRunID, got, keyRunID)
+	}
+	keys := identityKeys()
+	for _, k := range append(keys[:], "Proxy-Connection") {
+		if got := http.CanonicalHeaderKey(k); got != k {
+			t.Errorf("net/http keys %s as %q, so the proxy would neither read nor strip it", k, got)
+		}
 	}
 }
 
