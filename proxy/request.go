@@ -167,21 +167,26 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	}
 	// A request without a key is named by its whole URL (with its body,
 	// if any), written out once; the ledger's record of the target is
-	// often the same string.
+	// often the same string. One with a body is named by the URL alone
+	// only if it is refused or guarded before its body is read: every
+	// name costs a SHA-256.
 	var rawURL string
+	hasBody := req.Body != nil && req.Body != http.NoBody
 	if !explicit {
 		rawURL = req.URL.String()
-		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
+		if !hasBody {
+			greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
+		}
 	}
 	greq.Target = recordedTarget(req.URL, rawURL)
-	if r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL)), greq); r != nil {
-		return req, p.refuse(req, ex, boundary, r)
+	if r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
+		return req, p.refuse(req, ex, boundary, p.denied(req, ex, r, withoutBody(greq, rawURL)))
 	}
 	if p.guardFirst(req, id, allow) {
 		// The run is known not to admit this: guarded before the body is
 		// read, under the key the request has without it (its digest is
 		// unknown: the body is never read).
-		if r := p.guard(req, ex, greq); r != nil {
+		if r := p.guard(req, ex, withoutBody(greq, rawURL)); r != nil {
 			return req, p.refuse(req, ex, boundary, r)
 		}
 		// The store admitted it after all (a row that was removed and
@@ -191,7 +196,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		ex.flow = nil
 	}
 
-	if req.Body != nil && req.Body != http.NoBody {
+	if hasBody {
 		body, err := spool(req.Body, p.cfg.SpoolDir, p.cfg.MaxBody)
 		_ = req.Body.Close()
 		if err != nil {
@@ -207,7 +212,6 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		greq.BodyDigest = ex.body.digest
 	}
 	if !explicit && greq.BodyDigest != "" {
-		// The key derived above, now with the body it carries.
 		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, greq.BodyDigest)
 	}
 	if r := p.guard(req, ex, greq); r != nil {
@@ -248,19 +252,32 @@ func idempotencyKey(h http.Header) (string, bool, *refusal.Refusal) {
 	return key, true, nil
 }
 
+// withoutBody is greq named as it stands before its body is read: a
+// request without an Idempotency-Key by its URL (rawURL) alone.
+func withoutBody(greq state.GuardRequest, rawURL string) state.GuardRequest {
+	if !greq.ExplicitKey {
+		greq.Key = intents.DerivedKey(greq.RunID, greq.Method, rawURL, "")
+	}
+	return greq
+}
+
 // destination checks where the request (or tunnel) goes, before any
-// guard. A refused destination is recorded in the run's audit, in the
-// guard's one step (GuardRequest.Refuse), when the request names a run;
-// without one it is logged and counted only. A name that does not resolve
-// is not refused here: the dial resolves it again and the round trip
-// records what it got (NOT_SENT). The checked destination is the
-// exchange's dest, which its dial reads.
-func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string, greq state.GuardRequest) *refusal.Refusal {
+// guard, into the exchange's dest, which its dial reads. A name that does
+// not resolve is not refused here: the dial resolves it again and the
+// round trip records what it got (NOT_SENT).
+func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string) *refusal.Refusal {
 	err := p.dests.check(req.Context(), hostport, &ex.dest)
 	if err == nil || errors.Is(err, errUnresolved) {
 		return nil
 	}
-	r := refusal.FromError(err)
+	return refusal.FromError(err)
+}
+
+// denied records a refused destination in the run's audit, in the guard's
+// one step (GuardRequest.Refuse, under greq's key), when the request names
+// a run; without one it is logged and counted only. It returns r, saying
+// what was recorded.
+func (p *Proxy) denied(req *http.Request, ex *exchange, r *refusal.Refusal, greq state.GuardRequest) *refusal.Refusal {
 	if r.Code != refusal.DestinationDenied || !ex.hasID {
 		return r
 	}

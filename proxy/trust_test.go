@@ -23,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/refusal"
@@ -152,7 +153,12 @@ func TestDestinationsAreRefusedInEveryMode(t *testing.T) {
 
 	t.Run("plain HTTP to loopback", func(t *testing.T) {
 		resp, body := do(t, e.client("agent", 1), "POST", up.URL+"/charge", strings.NewReader("x"), nil)
-		recorded(t, wantRefusal(t, "plain", resp, body, 403, refusal.DestinationDenied))
+		r := wantRefusal(t, "plain", resp, body, 403, refusal.DestinationDenied)
+		recorded(t, r)
+		// Refused before its body is read: named by its URL alone.
+		if want := intents.DerivedKey("agent", "POST", up.URL+"/charge", ""); r.Intent != want {
+			t.Fatalf("recorded under %s, want %s", r.Intent, want)
+		}
 	})
 	t.Run("CONNECT to an intercepted loopback host", func(t *testing.T) {
 		c := e.raw(t)
@@ -382,6 +388,9 @@ func TestRefusedBeforeTheBodyIsSent(t *testing.T) {
 		r := wantRefusal(t, "a cancelled run's upload", resp, body, 409, refusal.RunNotActive)
 		if in := e.intent("ex1", r.Intent); in.State != state.IntentCancelledBeforeDispatch || in.BodyDigest != "" {
 			t.Fatalf("recorded %+v", in)
+		}
+		if want := intents.DerivedKey("ex1", "POST", plainUp.URL+"/upload", ""); r.Intent != want {
+			t.Fatalf("recorded under %s, want the key without its body %s", r.Intent, want)
 		}
 	})
 	t.Run("Expect: 100-continue, inside a tunnel", func(t *testing.T) {

@@ -64,8 +64,8 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	if r := p.destination(req, ex, checkedAddr(req.Context(), host), greq); r != nil {
-		return reject(r)
+	if r := p.destination(req, ex, checkedAddr(req.Context(), host)); r != nil {
+		return reject(p.denied(req, ex, r, greq))
 	}
 	if !passThrough {
 		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.interceptTLS(ex.slot)}, host
