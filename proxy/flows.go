@@ -44,6 +44,10 @@ type flow struct {
 	cut      context.CancelCauseFunc
 	// cutBy is the cut that ended the flow, if one did.
 	cutBy atomic.Pointer[cutError]
+	// open, prev and next are the flow's place among its run's open flows
+	// (flowSet), under the set's lock.
+	open       bool
+	prev, next *flow
 }
 
 // stop cuts the flow for ce.
@@ -128,8 +132,11 @@ func (f *flow) drains() bool {
 // flowSet is the registry of open flows, by run. It is the proxy's
 // runwatch.Holder: the watcher hands it the rows of the runs it holds.
 type flowSet struct {
-	mu      sync.Mutex
-	byRun   map[string]map[*flow]struct{}
+	mu sync.Mutex
+	// byRun is the first of each run's open flows, which link the others:
+	// a run with one flow open at a time (an agent's requests one after
+	// the other) costs no allocation a flow, as a set per run did.
+	byRun   map[string]*flow
 	metrics *telemetry.Metrics
 	flows   prometheus.Gauge
 	tunnels prometheus.Gauge
@@ -139,7 +146,7 @@ type flowSet struct {
 
 func newFlowSet(m *telemetry.Metrics) *flowSet {
 	return &flowSet{
-		byRun: map[string]map[*flow]struct{}{}, metrics: m,
+		byRun: map[string]*flow{}, metrics: m,
 		flows: m.Open.WithLabelValues("flows"), tunnels: m.Open.WithLabelValues("tunnels"),
 	}
 }
@@ -154,25 +161,33 @@ func (s *flowSet) gauge(f *flow) prometheus.Gauge {
 func (s *flowSet) add(f *flow) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := s.byRun[f.id.run]
-	if m == nil {
-		m = map[*flow]struct{}{}
-		s.byRun[f.id.run] = m
+	if f.open {
+		return
 	}
-	m[f] = struct{}{}
+	first := s.byRun[f.id.run]
+	f.open, f.prev, f.next = true, nil, first
+	if first != nil {
+		first.prev = f
+	}
+	s.byRun[f.id.run] = f
 	s.gauge(f).Inc()
 }
 
 func (s *flowSet) remove(f *flow) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := s.byRun[f.id.run]
-	if _, ok := m[f]; !ok {
+	if !f.open {
 		return
 	}
-	delete(m, f)
-	s.gauge(f).Dec()
-	if len(m) == 0 {
+	if f.next != nil {
+		f.next.prev = f.prev
+	}
+	switch {
+	case f.prev != nil:
+		f.prev.next = f.next
+	case f.next != nil:
+		s.byRun[f.id.run] = f.next
+	default:
 		delete(s.byRun, f.id.run)
 		// The run's last connection here is gone: if a cancel cut it, that
 		// is how long the cancel took to reach all of this instance.
@@ -180,13 +195,15 @@ func (s *flowSet) remove(f *flow) {
 			s.metrics.LastCut("proxy", ce.cancelledAt)
 		}
 	}
+	f.open, f.prev, f.next = false, nil, nil
+	s.gauge(f).Dec()
 }
 
 // Holds reports whether a flow of run is open.
 func (s *flowSet) Holds(run string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.byRun[run]) > 0
+	return s.byRun[run] != nil
 }
 
 // Runs lists the runs with open flows.
@@ -214,7 +231,7 @@ func (s *flowSet) Enforce(run state.Run) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for f := range s.byRun[run.ID] {
+	for f := s.byRun[run.ID]; f != nil; f = f.next {
 		if reason := cutReason(f, run, now); reason != "" {
 			f.stop(&cutError{reason: reason, cancelledAt: run.CancelledAt})
 		}
@@ -256,8 +273,8 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 func (s *flowSet) cutAll(reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range s.byRun {
-		for f := range m {
+	for _, first := range s.byRun {
+		for f := first; f != nil; f = f.next {
 			f.stop(&cutError{reason: reason})
 		}
 	}
