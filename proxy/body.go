@@ -24,6 +24,8 @@ type spooledBody struct {
 	size   int64
 	digest string
 	file   *os.File
+	// mem is the Reader of a body kept in memory.
+	mem bytes.Reader
 }
 
 func (b *spooledBody) Close() error {
@@ -47,11 +49,10 @@ func spool(r io.Reader, dir string, limit int64) (*spooledBody, error) {
 
 // spoolWith is spool keeping at most inMemory bytes in memory.
 func spoolWith(r io.Reader, dir string, limit, inMemory int64) (*spooledBody, error) {
-	h := sha256.New()
 	// The buffer grows with what arrives: a client that sends slowly holds
 	// the bytes it sent, not the whole memory limit up front.
 	var head bytes.Buffer
-	n, err := head.ReadFrom(io.LimitReader(io.TeeReader(r, h), inMemory+1))
+	n, err := head.ReadFrom(io.LimitReader(r, inMemory+1))
 	if err != nil {
 		return nil, bodyError(err)
 	}
@@ -59,8 +60,15 @@ func spoolWith(r io.Reader, dir string, limit, inMemory int64) (*spooledBody, er
 		if n > limit {
 			return nil, errBodyTooLarge
 		}
-		return &spooledBody{Reader: bytes.NewReader(head.Bytes()), size: n, digest: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
+		// Digested whole, as it is all here: no hash that reads along.
+		sum := sha256.Sum256(head.Bytes())
+		b := &spooledBody{size: n, digest: sha256Digest(sum[:])}
+		b.mem.Reset(head.Bytes())
+		b.Reader = &b.mem
+		return b, nil
 	}
+	h := sha256.New()
+	h.Write(head.Bytes())
 	f, err := os.CreateTemp(dir, "stopgate-body-*")
 	if err != nil {
 		return nil, fmt.Errorf("spool request body: %w", err)
@@ -80,7 +88,18 @@ func spoolWith(r io.Reader, dir string, limit, inMemory int64) (*spooledBody, er
 		_ = f.Close()
 		return nil, fmt.Errorf("rewind spooled body: %w", err)
 	}
-	return &spooledBody{Reader: f, size: written, digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), file: f}, nil
+	var sum [sha256.Size]byte
+	return &spooledBody{Reader: f, size: written, digest: sha256Digest(h.Sum(sum[:0])), file: f}, nil
+}
+
+// sha256Digest is a body's digest as the ledger records it, written out
+// in one string.
+func sha256Digest(sum []byte) string {
+	const prefix = "sha256:"
+	var b [len(prefix) + 2*sha256.Size]byte
+	copy(b[:], prefix)
+	hex.Encode(b[len(prefix):], sum)
+	return string(b[:])
 }
 
 func bodyError(err error) error {
