@@ -170,7 +170,9 @@ func (c *clientConn) CloseWrite() error {
 // sending mid-body is answered and let go instead of held.
 type deadlineBody struct {
 	io.ReadCloser
-	rc   *http.ResponseController
+	// rc is held in place: the body is made for every request that has
+	// one, and its controller need not be an allocation of its own.
+	rc   http.ResponseController
 	idle time.Duration
 	done atomic.Bool
 }

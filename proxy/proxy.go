@@ -256,7 +256,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.free()
 	if r.Body != nil && r.Body != http.NoBody {
-		body := &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: p.cfg.IdleTimeout}
+		body := &deadlineBody{ReadCloser: r.Body, rc: *http.NewResponseController(w), idle: p.cfg.IdleTimeout}
 		r.Body = body
 		defer body.bound()
 	}
