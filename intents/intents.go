@@ -140,22 +140,23 @@ func (l *Ledger) Finish(ctx context.Context, req state.FinishRequest) (state.Int
 // carrier already on the heap (a proxied request) is told without a
 // closure of its own on every request.
 type Recorder interface {
-	// Recorded is called once, with what Finish would have returned, on
-	// the store's goroutine: it must be quick and must not call the store.
-	Recorded(state.Intent, error)
+	// Recorded is called once, with the error Finish would have returned
+	// (nil: recorded), on the store's goroutine: it must be quick and must
+	// not call the store.
+	Recorded(error)
 }
 
 // FinishLater is Finish for a carrier that does not wait for the record:
 // the outcome is queued in the store now, ordered before every later step
-// of this instance, and r is told what Finish would have returned once it
-// is written (see state.Store.FinishLater). The store bounds the step as
+// of this instance, and r is told whether it was, in Finish's words, once
+// it is written (see state.Store.FinishLater). The store bounds the step as
 // it bounds the write that carries it.
 func (l *Ledger) FinishLater(ctx context.Context, req state.FinishRequest, r Recorder) {
 	req = l.release(req)
 	// The callback keeps what its error names, not the whole request.
 	outcome, run, key := req.Outcome, req.RunID, req.Key
-	l.store.FinishLater(context.WithoutCancel(ctx), req, func(out state.Intent, err error) {
-		r.Recorded(out, notRecorded(outcome, run, key, err))
+	l.store.FinishLater(context.WithoutCancel(ctx), req, func(err error) {
+		r.Recorded(notRecorded(outcome, run, key, err))
 	})
 }
 

@@ -90,18 +90,13 @@ func TestLedgerKeepsLeasesAliveUntilFinish(t *testing.T) {
 }
 
 // answerTo is a Recorder that sends what it is told to a channel.
-type answerTo chan<- answer
+type answerTo chan<- error
 
-type answer struct {
-	in  state.Intent
-	err error
-}
-
-func (ch answerTo) Recorded(in state.Intent, err error) { ch <- answer{in, err} }
+func (ch answerTo) Recorded(err error) { ch <- err }
 
 // FinishLater lets the lease go at once, records the outcome as the ledger,
-// and tells the caller what was recorded, or why nothing was, in Finish's
-// own words.
+// and tells the caller that it was, or why it was not, in Finish's own
+// words.
 func TestLedgerFinishLaterReleasesAtOnceAndReportsTheRecord(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
@@ -113,32 +108,32 @@ func TestLedgerFinishLaterReleasesAtOnceAndReportsTheRecord(t *testing.T) {
 	if err != nil || !res.Admitted {
 		t.Fatalf("begin: %+v %v", res, err)
 	}
-	later := func(req state.FinishRequest) answer {
-		ch := make(chan answer, 1)
+	later := func(req state.FinishRequest) error {
+		ch := make(chan error, 1)
 		l.FinishLater(ctx, req, answerTo(ch))
 		if len(l.Held()) != 0 {
 			t.Fatalf("held after FinishLater: %v", l.Held())
 		}
 		select {
-		case a := <-ch:
-			return a
+		case err := <-ch:
+			return err
 		case <-time.After(10 * time.Second):
 			t.Fatal("FinishLater never answered")
-			return answer{}
+			return nil
 		}
 	}
-	a := later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200})
-	if a.err != nil || a.in.State != state.IntentResponded || a.in.LeaseOwner != "" {
-		t.Fatalf("FinishLater: %+v %v", a.in, a.err)
+	err = later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200})
+	if in, rerr := s.Intent(ctx, "r", "k"); err != nil || rerr != nil || in.State != state.IntentResponded || in.LeaseOwner != "" {
+		t.Fatalf("FinishLater: %v; the record %+v %v", err, in, rerr)
 	}
 	evs, err := s.Events(ctx, "r")
 	if err != nil || evs[len(evs)-1].Actor != "p1" {
 		t.Fatalf("the outcome's actor: %+v %v, want the ledger p1", evs, err)
 	}
-	a = later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentNotSent})
+	err = later(state.FinishRequest{RunID: "r", Key: "k", Attempt: res.Intent.Attempts, Outcome: state.IntentNotSent})
 	var c *state.Conflict
-	if !errors.As(a.err, &c) || !strings.Contains(a.err.Error(), "record NOT_SENT of intent r/k") {
-		t.Fatalf("a second outcome: %v, want a conflict named for the intent", a.err)
+	if !errors.As(err, &c) || !strings.Contains(err.Error(), "record NOT_SENT of intent r/k") {
+		t.Fatalf("a second outcome: %v, want a conflict named for the intent", err)
 	}
 }
 

@@ -71,7 +71,7 @@ type queuedLine struct {
 	started time.Time
 }
 
-func (q *queuedLine) Recorded(_ state.Intent, err error) {
+func (q *queuedLine) Recorded(err error) {
 	q.p.recorded(q.ctx, q.line, q.started, err)
 }
 

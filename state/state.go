@@ -432,12 +432,15 @@ type Store interface {
 	// OutcomeDelay. Every later guard or outcome of the same run comes
 	// after it, every other operation of this Store (reads included) waits
 	// for it, and Close writes it; another instance may read the intent
-	// IN_FLIGHT until it is written. done is called once with what Finish would have
-	// answered, on the goroutine that wrote the step (before FinishLater
-	// returns for a request that is not valid): it must be quick and
-	// must not call the store. The store bounds the step as it bounds the
+	// IN_FLIGHT until it is written. done is called once with the error
+	// Finish would have returned (nil once the outcome is recorded), on the
+	// goroutine that wrote the step (before FinishLater returns for a
+	// request that is not valid): it must be quick and must not call the
+	// store. It is not given the record: a carrier that does not wait has
+	// no use for it, and a store need not read it back (a caller that
+	// wants it calls Finish). The store bounds the step as it bounds the
 	// write that carries it; ctx withdraws it only if it ends first.
-	FinishLater(ctx context.Context, req FinishRequest, done func(Intent, error))
+	FinishLater(ctx context.Context, req FinishRequest, done func(error))
 	// Resolve reconciles an UNKNOWN intent to APPLIED or NOT_APPLIED, then
 	// finalizes the run.
 	Resolve(ctx context.Context, req ResolveRequest) (Intent, error)

@@ -77,11 +77,11 @@ func (m *measured) Finish(ctx context.Context, req state.FinishRequest) (state.I
 	return out, err
 }
 
-func (m *measured) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+func (m *measured) FinishLater(ctx context.Context, req state.FinishRequest, done func(error)) {
 	start := time.Now()
-	m.Store.FinishLater(ctx, req, func(out state.Intent, err error) {
+	m.Store.FinishLater(ctx, req, func(err error) {
 		m.observe("outcome", start, err)
-		done(out, err)
+		done(err)
 	})
 }
 

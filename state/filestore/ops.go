@@ -432,13 +432,12 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 
 // FinishLater queues the outcome without leading a commit: it goes with
 // the next write, or on its own after Options.OutcomeDelay.
-func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(error)) {
 	if err := req.Validate(); err != nil {
-		done(state.Intent{}, err)
+		done(err)
 		return
 	}
-	out := new(state.Intent)
-	s.updateLater(ctx, "finish", finishStep(req, out), func(err error) { done(*out, err) })
+	s.updateLater(ctx, "finish", finishStep(req, new(state.Intent)), done)
 }
 
 // finishStep is the outcome's step of a write transaction; out is the

@@ -54,8 +54,8 @@ type laneQueue struct {
 	timer *time.Timer
 }
 
-// step is one guard ('g') or outcome ('f') of a run and, once done, its
-// answer.
+// step is one guard ('g') or outcome ('f', or 'l' for one nobody waits
+// for, answered without its record) of a run and, once done, its answer.
 type step struct {
 	run  string
 	op   string
@@ -336,6 +336,10 @@ func stepCode(code byte, own bool) string {
 		return "G"
 	case code == 'g':
 		return "g"
+	case code == 'l' && own:
+		return "L"
+	case code == 'l':
+		return "l"
 	case own:
 		return "F"
 	}

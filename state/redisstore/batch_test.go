@@ -69,16 +69,19 @@ func TestBatchAnswersAsStepsOneByOne(t *testing.T) {
 	theirs.Actor, theirs.LeaseOwner, theirs.LeaseTTL = "q", "q-owner", 2*time.Minute
 	steps := []BatchStep{
 		{Code: 'g', Guard: theirs},
-		{Code: 'f', Finish: state.FinishRequest{Key: "theirs", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 201, Actor: "q"}},
+		{Code: 'l', Finish: state.FinishRequest{Key: "theirs", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 201, Actor: "q"}},
 		{Code: 'g', Guard: guard("", "base", false)},
 		{Code: 'f', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, Actor: "p"}},
 		{Code: 'g', Guard: late},
 		{Code: 'g', Guard: guard("", "new", true)},
-		{Code: 'f', Finish: state.FinishRequest{Key: "b", Attempt: 1, Outcome: state.IntentNotApplied, Source: state.SourceSafeMethod, Reason: "cut", Actor: "p"}},
+		{Code: 'l', Finish: state.FinishRequest{Key: "b", Attempt: 1, Outcome: state.IntentNotApplied, Source: state.SourceSafeMethod, Reason: "cut", Actor: "p"}},
 		{Code: 'g', Guard: guard("", "base", false)},                                                             // the same derived base again: base.2
-		{Code: 'f', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentNotSent, Actor: "p"}}, // not in flight any more
+		{Code: 'l', Finish: state.FinishRequest{Key: "a", Attempt: 1, Outcome: state.IntentNotSent, Actor: "p"}}, // not in flight any more
 		{Code: 'g', Guard: guard("", "seen", true)},                                                              // in progress
 		{Code: 'g', Guard: stale},
+		// Under the general rules from here: an outcome nobody waits for,
+		// with its own actor.
+		{Code: 'l', Finish: state.FinishRequest{Key: "new", Attempt: 1, Outcome: state.IntentResponded, StatusCode: 204, Actor: "p"}},
 		{Code: 'f', Finish: state.FinishRequest{Key: "nothing", Attempt: 1, Outcome: state.IntentResponded, Actor: "p"}},
 		{Code: 'g', Guard: guard("", "after", true)},
 	}
@@ -285,6 +288,10 @@ func (st BatchStep) answer(ctx context.Context, s *Store, run string, r reply) s
 	}
 	req := st.Finish
 	req.RunID = run
+	if st.Code == 'l' {
+		// An outcome nobody waits for is told its error alone.
+		return strings.ReplaceAll(fmt.Sprintf("%s %v", req.Key, failure(req.RunID, req.Key, r)), run, "RUN")
+	}
 	in, err := finishResult(req, r)
 	return strings.ReplaceAll(fmt.Sprintf("%s %s %d %s %v", in.Key, in.State, in.Attempts, in.Source, err), run, "RUN")
 }

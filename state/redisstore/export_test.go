@@ -91,7 +91,7 @@ func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep
 	out := make([][]string, len(runs))
 	k := 0
 	for i := range runs {
-		for range steps[i] {
+		for _, st := range steps[i] {
 			r, err := parseReply(answers[k])
 			if err != nil {
 				return nil, err
@@ -101,6 +101,9 @@ func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep
 				out[i] = append(out[i], r.admitted.key)
 			case r.result == "ok" && r.intent != nil:
 				out[i] = append(out[i], r.intent.key)
+			case r.result == "ok" && st.Code == 'l':
+				// Answered without its record.
+				out[i] = append(out[i], st.Finish.Key)
 			default:
 				return nil, fmt.Errorf("step %d answered %s %s", k, r.result, r.code)
 			}

@@ -65,6 +65,7 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 		{in: "refused k\n" + imm + "\n" + mut, wantErr: true},        // not a common step
 		{in: "recorded k\nhttp 1 2 0\nGET", wantErr: true},           // the record cut short
 		{in: "recorded k", wantErr: true},                            // no record
+		{in: "recorded"},                                             // an outcome nobody waits for
 		{in: "", wantErr: true},
 	} {
 		r, err := parseCommon(tc.in)
@@ -87,6 +88,13 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 			}
 			if r.row["status"] != tc.status || r.row["v"] != tc.v {
 				t.Errorf("%q: row %v; want status %q, version %q", tc.in, r.row, tc.status, tc.v)
+			}
+			continue
+		}
+		if tc.key == "" {
+			// An outcome nobody waits for: ok, and nothing else.
+			if r.intent != nil || r.admitted != nil || r.row != nil {
+				t.Errorf("%q: read as %+v; want no record", tc.in, r)
 			}
 			continue
 		}

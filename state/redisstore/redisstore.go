@@ -327,10 +327,13 @@ func parseReply(v any) (reply, error) {
 // is one line, "admitted status version key time" (the row's status and
 // version, the step's time in Unix ms); an outcome's first line is
 // "recorded key", then the record's two fields, i:KEY in four lines, then
-// s:KEY.
+// s:KEY; an outcome nobody waits for ('l') answers "recorded" alone.
 func parseCommon(s string) (reply, error) {
 	bad := func() (reply, error) {
 		return reply{}, fmt.Errorf("the batch program answered %.80q, not a step's record", s)
+	}
+	if s == "recorded" {
+		return reply{result: "ok", changed: true}, nil
 	}
 	var f [5]string
 	if cut(s, ' ', f[:]) && f[0] == "admitted" {
@@ -690,18 +693,18 @@ func (s *Store) Finish(ctx context.Context, req state.FinishRequest) (state.Inte
 // FinishLater queues the outcome in the batcher without leading a call:
 // it goes with the next guard or outcome of its lane, or on its own after
 // Options.OutcomeDelay. The call that carries it is bounded by OpTimeout,
-// as every call is; ctx only withdraws it if it ends before then.
-func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(state.Intent, error)) {
+// as every call is; ctx only withdraws it if it ends before then. Its step
+// ('l') is answered without the record, which nobody reads.
+func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done func(error)) {
 	if err := req.Validate(); err != nil {
-		done(state.Intent{}, err)
+		done(err)
 		return
 	}
-	s.batches.doLater(ctx, s, req.RunID, "finish", 'f', finishArgs(req), func(r reply, err error) {
-		if err != nil {
-			done(state.Intent{}, err)
-			return
+	s.batches.doLater(ctx, s, req.RunID, "finish", 'l', finishArgs(req), func(r reply, err error) {
+		if err == nil {
+			err = failure(req.RunID, req.Key, r)
 		}
-		done(finishResult(req, r))
+		done(err)
 	})
 }
 

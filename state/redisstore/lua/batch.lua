@@ -1,8 +1,8 @@
 -- batch: A (the call's ARGV) g, the call's head (actor, lease owner, lease ttl ms: the
 -- texts its steps mostly share, see set_head), then g groups, each the
 -- steps of one run: n, then n steps, each a code and its arguments: 'g'
--- and the 8 of op_guard, 'f' and the 6 of op_finish, or in upper case the
--- same and the step's own texts. KEYS: the seven per-run keys (prelude.lua)
+-- and the 8 of op_guard, 'f' (or 'l', see STEP_ARGS) and the 6 of
+-- op_finish, or in upper case the same and the step's own texts. KEYS: the seven per-run keys (prelude.lua)
 -- of each group's run, group by group. On Redis Cluster a call holds one run
 -- (its keys are one slot); on one Redis, the steps of every run queued
 -- meanwhile, so that a fleet's runs share calls.
@@ -176,10 +176,18 @@ local function run_steps(first, n, prior)
         last, last_at = base, nf
       end
       field_of[j] = last_at
+    elseif code == 'l' or code == 'L' then
+      -- An outcome nobody waits for is answered without its record: its
+      -- i:KEY is not read.
+      nf = nf + 1
+      fields[nf] = 's:' .. A[o + 1]
+      field_of[j] = nf
     else
       fields[nf + 1], fields[nf + 2] = 's:' .. A[o + 1], 'i:' .. A[o + 1]
       field_of[j] = nf + 1
       nf = nf + 2
+    end
+    if code ~= 'g' and code ~= 'G' then
       local count = 'n:' .. A[o + 3]
       if counted[count] ~= mark and count ~= 'n:IN_FLIGHT' then
         counted[count] = mark
@@ -246,7 +254,8 @@ local function run_steps(first, n, prior)
   -- them, and the step's time): everything else of the record it wrote is
   -- what its caller sent, and the caller puts it together (guardResult),
   -- so the record is neither copied here nor sent back. An outcome's is
-  -- "recorded key", then a line each, i:KEY (four lines) and s:KEY. A key
+  -- "recorded key", then a line each, i:KEY (four lines) and s:KEY; for an
+  -- outcome nobody waits for ('l'), "recorded" alone. A key
   -- is printable ASCII without spaces and the records' texts are escaped,
   -- so the lines read back unambiguously. reply makes two or three
   -- tables, and even one flat table costs Redis a walk, with a look-up for
@@ -358,8 +367,12 @@ local function run_steps(first, n, prior)
       end
       ne = ne + 1
       events[ne] = outcome_event .. outcome .. ' ' .. key .. '\n' ..
-        (code == 'F' and esc_once(A[o + 7]) or head_actor_e) .. '\n' .. esc_once(why_of(source, reason))
-      answers[prior + j] = 'recorded ' .. key .. '\n' .. view[fields[at_f + 1]] .. '\n' .. mut
+        ((code == 'F' or code == 'L') and esc_once(A[o + 7]) or head_actor_e) .. '\n' .. esc_once(why_of(source, reason))
+      if code == 'l' or code == 'L' then
+        answers[prior + j] = 'recorded'
+      else
+        answers[prior + j] = 'recorded ' .. key .. '\n' .. view[fields[at_f + 1]] .. '\n' .. mut
+      end
     end
     o = o + STEP_ARGS[code]
     j = j + 1

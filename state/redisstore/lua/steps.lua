@@ -10,7 +10,7 @@
 
 -- The texts most steps of a call share, sent once in its head (batch.lua):
 -- the actor, and for a guard the lease's owner and TTL (ms). A step whose
--- code is in upper case ('G', 'F') carries its own instead, after its
+-- code is in upper case ('G', 'F', 'L') carries its own instead, after its
 -- other arguments. set_head sets them for the call.
 local head_actor, head_owner, head_ttl
 
@@ -18,8 +18,10 @@ local function set_head(actor, owner, ttl)
   head_actor, head_owner, head_ttl = actor, owner, ttl
 end
 
--- How many arguments a step takes, its code included.
-local STEP_ARGS = {g = 9, G = 12, f = 7, F = 8}
+-- How many arguments a step takes, its code included. An outcome is 'f',
+-- or 'l' when its caller does not wait for the record (FinishLater): the
+-- same step, whose answer on the batch's common path is one word.
+local STEP_ARGS = {g = 9, G = 12, f = 7, F = 8, l = 7, L = 8}
 
 -- The actor, lease owner and TTL of the guard at A[o].
 local function guard_texts(o)
@@ -31,7 +33,7 @@ end
 
 -- The actor of the outcome at A[o].
 local function finish_actor(o)
-  if A[o] == 'F' then
+  if A[o] == 'F' or A[o] == 'L' then
     return A[o + 7]
   end
   return head_actor
