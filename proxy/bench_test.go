@@ -1,11 +1,9 @@
 package proxy_test
 
 import (
-	"crypto/tls"
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -14,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elazarl/goproxy"
-
+	"github.com/stopgate/stopgate/internal/bench/baseline"
 	"github.com/stopgate/stopgate/internal/redisserver"
 )
 
@@ -129,25 +126,11 @@ func benchClient(b *testing.B, opts envOptions) *http.Client {
 	return e.client("bench", 1)
 }
 
-// plainGoproxyClient is a client through goproxy as stopgate's baseline
-// (internal/bench/cmd/plain-goproxy) configures it: stopgate's upstream
-// transport, no guard, no interception (the requests are plain HTTP).
+// plainGoproxyClient is a client through the benchmarks' baseline goproxy
+// (package baseline): stopgate's upstream transport, no guard, no
+// interception (the requests are plain HTTP).
 func plainGoproxyClient(b *testing.B) *http.Client {
-	gp := goproxy.NewProxyHttpServer()
-	gp.Tr = &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
-	gp.ConnectDial = nil
-	gp.ConnectDialWithReq = nil
-	gp.KeepAcceptEncoding = true
-	gp.Logger = log.New(io.Discard, "", 0)
+	gp := baseline.Goproxy(nil, log.New(io.Discard, "", 0))
 	srv := httptest.NewServer(gp)
 	b.Cleanup(srv.Close)
 	u, _ := url.Parse(srv.URL)

@@ -131,6 +131,29 @@ type Proxy struct {
 	mitmTLS  func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
 }
 
+// UpstreamTransport is the transport the proxy sends requests upstream
+// with, dialling with dial and trusting roots (nil: the system's); the
+// benchmarks' baseline goproxy uses it too, so that the two compare on the
+// same settings. Its own, not net/http's default: that one reads
+// HTTP(S)_PROXY from the environment, and a sidecar that inherits its
+// worker's environment would proxy to itself.
+func UpstreamTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error), roots *x509.CertPool, handshake time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dial,
+		TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:   handshake,
+		MaxIdleConns:          512,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// Bytes pass as the worker sent them, compressed or not.
+		DisableCompression: true,
+		// HTTP/1.1 upstream keeps "were any bytes written?" answerable per request.
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+}
+
 // New builds a proxy from cfg and registers its open flows with the watcher.
 func New(cfg Config) (*Proxy, error) {
 	if cfg.Ledger == nil || cfg.Watcher == nil {
@@ -193,23 +216,7 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.static = &identity{run: cfg.StaticRun, via: "static"}
 	}
-	// Our own transport: goproxy's default reads HTTP(S)_PROXY from the
-	// environment, and a sidecar that inherits its worker's environment
-	// would proxy to itself.
-	p.transport = &http.Transport{
-		Proxy:                 nil,
-		DialContext:           p.dial,
-		TLSClientConfig:       &tls.Config{RootCAs: cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:   cfg.DialTimeout,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		// Bytes pass as the worker sent them, compressed or not.
-		DisableCompression: true,
-		// HTTP/1.1 upstream keeps "were any bytes written?" answerable per request.
-		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
+	p.transport = UpstreamTransport(p.dial, cfg.UpstreamRoots, cfg.DialTimeout)
 	gp := goproxy.NewProxyHttpServer()
 	gp.Tr = p.transport
 	gp.ConnectDial = nil

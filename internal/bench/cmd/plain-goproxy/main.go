@@ -1,8 +1,8 @@
-// Command plain-goproxy is the benchmark's baseline: github.com/elazarl/goproxy
-// at the version stopgate uses, with the upstream transport stopgate's
-// proxy builds (proxy.New) and the same listener bounds, intercepting HTTPS
-// with a CA and a leaf cache made by stopgate's own code (a CA of its own,
-// in a temporary directory), and no guard at all. It is what a guarded request
+// Command plain-goproxy is the benchmark's baseline (package baseline):
+// github.com/elazarl/goproxy at the version stopgate uses, with the upstream
+// transport stopgate's proxy builds (proxy.New) and the same listener
+// bounds, intercepting HTTPS with a CA and a leaf cache made by stopgate's
+// own code (a CA of its own, in a temporary directory), and no guard at all. It is what a guarded request
 // is compared against; it is not a product.
 //
 //	plain-goproxy -addr 127.0.0.1:0 -ca-out ca.pem
@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/elazarl/goproxy"
+	"github.com/stopgate/stopgate/internal/bench/baseline"
 	"github.com/stopgate/stopgate/proxy"
 )
 
@@ -64,7 +63,7 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("-addr: %w", err)
 	}
 	srv := &http.Server{
-		Handler: newProxy(&ca.Cert),
+		Handler: baseline.Goproxy(&ca.Cert, log.New(os.Stderr, "plain-goproxy: ", 0)),
 		// stopgate serve's bounds for its proxy listener.
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -84,35 +83,4 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	return nil
-}
-
-// newProxy is goproxy configured as stopgate's proxy.New configures it,
-// minus the guard: the same transport settings, no proxy from the
-// environment, Accept-Encoding kept, leaf certificates cached per host, and
-// every CONNECT intercepted.
-func newProxy(ca *tls.Certificate) *goproxy.ProxyHttpServer {
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           dialer.DialContext,
-		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
-	gp := goproxy.NewProxyHttpServer()
-	gp.Tr = tr
-	gp.ConnectDial = nil
-	gp.ConnectDialWithReq = nil
-	gp.KeepAcceptEncoding = true
-	gp.Logger = log.New(os.Stderr, "plain-goproxy: ", 0)
-	gp.CertStore = &proxy.CertCache{}
-	gp.OnRequest().HandleConnectFunc(func(host string, _ *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
-		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(ca)}, host
-	})
-	return gp
 }
