@@ -1,11 +1,12 @@
--- batch: A (the call's ARGV) g, the call's head (actor, lease owner, lease ttl ms: the
--- texts its steps mostly share, see set_head), then g groups, each the
--- steps of one run: n, then n steps, each a code and its arguments: 'g'
--- and the 8 of op_guard, 'f' (or 'l', see STEP_ARGS) and the 6 of
--- op_finish, or in upper case the same and the step's own texts. KEYS: the seven per-run keys (prelude.lua)
--- of each group's run, group by group. On Redis Cluster a call holds one run
--- (its keys are one slot); on one Redis, the steps of every run queued
--- meanwhile, so that a fleet's runs share calls.
+-- batch: A (the call's ARGV) g, the call's head (actor, lease owner,
+-- lease ttl ms: the texts its steps mostly share, see set_head), then g
+-- groups, each the steps of one run: n, then n steps, each a code and its
+-- arguments: 'g' and the 8 of op_guard, 'f' (or 'l', see STEP_ARGS) and
+-- the 6 of op_finish, or in upper case the same and the step's own texts.
+-- KEYS: the seven per-run keys (prelude.lua) of each group's run, group
+-- by group. On Redis Cluster a call holds one run (its keys are one
+-- slot); on one Redis, the steps of every run queued meanwhile, so that a
+-- fleet's runs share calls.
 --
 -- The steps run in order, in one atomic step of the server: each is still
 -- its own check-and-record (or its own outcome), with its own answer, and
@@ -255,9 +256,9 @@ local function run_steps(first, n, prior)
   -- what its caller sent, and the caller puts it together (guardResult),
   -- so the record is neither copied here nor sent back. An outcome's is
   -- "recorded key", then a line each, i:KEY (four lines) and s:KEY; for an
-  -- outcome nobody waits for ('l'), "recorded" alone. A key
-  -- is printable ASCII without spaces and the records' texts are escaped,
-  -- so the lines read back unambiguously. reply makes two or three
+  -- outcome nobody waits for ('l'), "recorded" alone. A key is printable
+  -- ASCII without spaces and the records' texts are escaped, so the lines
+  -- read back unambiguously. reply makes two or three
   -- tables, and even one flat table costs Redis a walk, with a look-up for
   -- every kind of answer a table may stand for, and a string for each
   -- element; one string is one concatenation here.
