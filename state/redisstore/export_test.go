@@ -97,7 +97,7 @@ func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep
 				return nil, err
 			}
 			switch {
-			case r.result == "ok" && r.admitted != nil:
+			case r.result == "ok" && r.admitted.key != "":
 				out[i] = append(out[i], r.admitted.key)
 			case r.result == "ok" && r.intent != nil:
 				out[i] = append(out[i], r.intent.key)

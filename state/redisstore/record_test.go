@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stopgate/stopgate/state"
 )
 
 // TestCutTakesExactlyTheRecordsParts: a record's line or field list is
@@ -83,7 +85,7 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 			t.Errorf("%q: read as %+v; want ok and changed", tc.in, r)
 		}
 		if tc.at != 0 {
-			if r.admitted == nil || r.admitted.key != tc.key || r.admitted.at != tc.at || r.intent != nil {
+			if r.admitted.key != tc.key || r.admitted.at != tc.at || r.intent != nil {
 				t.Errorf("%q: read as %+v, admission %+v", tc.in, r, r.admitted)
 			}
 			if r.row["status"] != tc.status || r.row["v"] != tc.v {
@@ -93,12 +95,12 @@ func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
 		}
 		if tc.key == "" {
 			// An outcome nobody waits for: ok, and nothing else.
-			if r.intent != nil || r.admitted != nil || r.row != nil {
+			if r.intent != nil || r.admitted.key != "" || r.row != nil {
 				t.Errorf("%q: read as %+v; want no record", tc.in, r)
 			}
 			continue
 		}
-		if r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut || r.row != nil || r.admitted != nil {
+		if r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut || r.row != nil || r.admitted.key != "" {
 			t.Errorf("%q: read as %+v, record %+v", tc.in, r, r.intent)
 		}
 	}
@@ -156,6 +158,28 @@ func TestEventsOfReadsEveryEventOfAnEntry(t *testing.T) {
 		got = strings.ReplaceAll(got, `"`, "'")
 		if got != tc.want {
 			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A guard's flags and boundary go out as constants; each must be the text
+// the programs read: explicit key, auto-admit, allow cancelling, a
+// character each in that order, and the boundary's own name.
+func TestGuardArgumentsSpellFlagsAndBoundary(t *testing.T) {
+	for _, e := range []bool{false, true} {
+		for _, a := range []bool{false, true} {
+			for _, c := range []bool{false, true} {
+				req := state.GuardRequest{ExplicitKey: e, AutoAdmit: a, AllowCancelling: c}
+				if got, want := guardFlags(req), flag(e)+flag(a)+flag(c); got != want {
+					t.Errorf("explicit %v, auto %v, cancelling %v: flags %v; want %q", e, a, c, got, want)
+				}
+			}
+		}
+	}
+	for _, b := range []state.Boundary{state.BoundaryHTTP, state.BoundaryTunnel, state.BoundaryClaim, state.BoundaryRetry,
+		state.BoundaryBrowser, state.BoundaryDelivery, state.BoundaryCustom, "not-one-of-ours"} {
+		if got := boundaryArg(b); got != string(b) {
+			t.Errorf("boundary %q sent as %v", b, got)
 		}
 	}
 }

@@ -253,10 +253,11 @@ type reply struct {
 	row map[string]string
 	// intent is the record the step wrote or found.
 	intent *keyedRecord
-	// admitted is set instead for a guard on the batch's common path: the
-	// key and time of the record it wrote, which guardResult puts
-	// together from its request.
-	admitted *admission
+	// admitted is set instead (its key not empty) for a guard on the
+	// batch's common path: the key and time of the record it wrote, which
+	// guardResult puts together from its request. A value, not a pointer:
+	// every guard's answer holds one.
+	admitted admission
 	detail   string
 	// more are further records (Renew: every lease renewed).
 	more []keyedRecord
@@ -342,7 +343,7 @@ func parseCommon(s string) (reply, error) {
 			return bad()
 		}
 		return reply{result: "ok", changed: true, row: map[string]string{"status": f[1], "v": f[2]},
-			admitted: &admission{key: f[3], at: at}}, nil
+			admitted: admission{key: f[3], at: at}}, nil
 	}
 	head, rest, ok := strings.Cut(s, "\n")
 	if !ok || !cut(head, ' ', f[:2]) || f[0] != "recorded" {
@@ -625,18 +626,64 @@ type stepTexts struct {
 	ttl          int64
 }
 
+// guardFlags is a guard's flags argument, three characters 1/0: explicit
+// key, auto-admit, allow cancelling. Each is a constant, so that sending it
+// makes no string and boxes none.
+func guardFlags(req state.GuardRequest) any {
+	switch e, a, c := req.ExplicitKey, req.AutoAdmit, req.AllowCancelling; {
+	case !e && !a && !c:
+		return "000"
+	case !e && !a && c:
+		return "001"
+	case !e && a && !c:
+		return "010"
+	case !e && a && c:
+		return "011"
+	case e && !a && !c:
+		return "100"
+	case e && !a && c:
+		return "101"
+	case e && a && !c:
+		return "110"
+	}
+	return "111"
+}
+
+// boundaryArg is a guard's boundary as an argument: a constant for every
+// boundary stopgate names, boxed once by the compiler, not per guard.
+func boundaryArg(b state.Boundary) any {
+	switch b {
+	case state.BoundaryHTTP:
+		return string(state.BoundaryHTTP)
+	case state.BoundaryTunnel:
+		return string(state.BoundaryTunnel)
+	case state.BoundaryClaim:
+		return string(state.BoundaryClaim)
+	case state.BoundaryRetry:
+		return string(state.BoundaryRetry)
+	case state.BoundaryBrowser:
+		return string(state.BoundaryBrowser)
+	case state.BoundaryDelivery:
+		return string(state.BoundaryDelivery)
+	case state.BoundaryCustom:
+		return string(state.BoundaryCustom)
+	}
+	return string(b)
+}
+
 func guardArgs(req state.GuardRequest) stepArgs {
 	notBefore := ""
 	if !req.NotBefore.IsZero() {
 		notBefore = strconv.FormatInt(req.NotBefore.UnixMilli(), 10)
 	}
-	notAfter := ""
+	// An int64 goes out as its decimal text, as the string would, without
+	// the string.
+	var notAfter any = ""
 	if !req.NotAfter.IsZero() {
-		notAfter = strconv.FormatInt(req.NotAfter.UnixMilli(), 10)
+		notAfter = req.NotAfter.UnixMilli()
 	}
-	flags := flag(req.ExplicitKey) + flag(req.AutoAdmit) + flag(req.AllowCancelling)
 	return stepArgs{
-		own: []any{req.ObservedVersion, req.Key, flags, string(req.Boundary),
+		own: []any{req.ObservedVersion, req.Key, guardFlags(req), boundaryArg(req.Boundary),
 			escape(req.Method) + "\n" + escape(req.Target) + "\n" + escape(req.BodyDigest), notBefore, notAfter, req.Refuse},
 		texts: stepTexts{actor: req.Actor, owner: req.LeaseOwner, ttl: ms(req.LeaseTTL)},
 	}
@@ -656,7 +703,7 @@ func (s *Store) guardResult(ctx context.Context, req state.GuardRequest, r reply
 		res.Run = runOf(req.RunID, r.row)
 	}
 	switch {
-	case r.admitted != nil:
+	case r.admitted.key != "":
 		res.Intent = admittedIntent(req, r.admitted.key, r.admitted.at)
 	case r.intent != nil:
 		in, err := r.intent.intent(req.RunID)
