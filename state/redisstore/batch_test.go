@@ -885,3 +885,29 @@ func TestGuardTextsAreRecordedAsSentOnEitherPath(t *testing.T) {
 		}
 	}
 }
+
+// The programs' clock is TIME's answer in milliseconds, its text put
+// together from TIME's own texts: the microseconds' first three of six
+// digits, zeros included, follow the seconds.
+func TestClockTextIsTheServersTimeInMilliseconds(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: testServer(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	for _, tc := range []struct{ usec, want string }{
+		{"0", "1796098403000"},
+		{"999", "1796098403000"},
+		{"1000", "1796098403001"},
+		{"5012", "1796098403005"},
+		{"99999", "1796098403099"},
+		{"100000", "1796098403100"},
+		{"999999", "1796098403999"},
+	} {
+		got, err := c.Eval(ctx, preludeLua+"\nreturn ms_text(ARGV[1], ARGV[2])", nil, "1796098403", tc.usec).Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("ms_text(1796098403, %s) = %s; want %s", tc.usec, got, tc.want)
+		}
+	}
+}

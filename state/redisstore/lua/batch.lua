@@ -118,12 +118,46 @@ end
 -- write.
 local head_actor_e, head_owner_e
 
--- The texts of the call's clock: its time, and its last guard's lease (TTL,
--- expiry, score in the lease set). A fleet's call holds a run each, and a
--- run's steps are at the call's time unless its last step was later (a
--- clock that went back), so each text is made once a call, not once a run.
--- batch clears them.
-local clock_s, clock_ttl, clock_lease_s, clock_lease_score
+-- Numbers that come back call after call: a call's count of runs and a
+-- run's of steps, the lease TTL an instance sends, a run's count of intents
+-- in flight. Read from text and written as text, each costs glibc's strtod
+-- or sprintf, about a thousand instructions, where a table look-up costs a
+-- few dozen; so they are kept, each table starting afresh once it holds
+-- NUMBERS_MAX. Counts that only grow (an ordinal, a count of outcomes) are
+-- not, as each would be kept once and never asked for again.
+local NUMBERS_MAX = 1024
+local number_of, n_number_of, text_of, n_text_of = {}, 0, {}, 0
+local function known_number(s)
+  local n = s and number_of[s]
+  if not n and s then
+    n = tonumber(s)
+    if n_number_of == NUMBERS_MAX then
+      number_of, n_number_of = {}, 0
+    end
+    number_of[s] = n
+    n_number_of = n_number_of + 1
+  end
+  return n
+end
+local function known_text(n)
+  local s = text_of[n]
+  if not s then
+    s = int(n)
+    if n_text_of == NUMBERS_MAX then
+      text_of, n_text_of = {}, 0
+    end
+    text_of[n] = s
+    n_text_of = n_text_of + 1
+  end
+  return s
+end
+
+-- The texts of the call's last guard's lease (TTL, expiry, score in the
+-- lease set). A fleet's call holds a run each, and a run's steps are at
+-- the call's time unless its last step was later (a clock that went
+-- back), so each text is made once a call, not once a run. batch clears
+-- them.
+local clock_ttl, clock_lease_s, clock_lease_score
 
 -- The call's answers, a step's at its place in the call; batch ends them
 -- with a nil, where Redis stops reading (what lies beyond is an earlier
@@ -214,10 +248,10 @@ local function run_steps(first, n, prior)
   local nh, nz, nr = 2, 2, 2
   local ne = 0
   -- The row's own fields the common steps moved, kept as numbers and
-  -- written once at the end: its ordinal and IN_FLIGHT's count (nil while
-  -- unmoved), and the outcomes' counts by field; and whether the lone
-  -- lease moved (view.l then holds it).
-  local moved_o, moved_inflight, moved_lone = nil, nil, false
+  -- written once at the end: its ordinal (and its text, the last guard's)
+  -- and IN_FLIGHT's count (nil while unmoved), and the outcomes' counts by
+  -- field; and whether the lone lease moved (view.l then holds it).
+  local moved_o, moved_ord, moved_inflight, moved_lone = nil, nil, nil, false
 
   local now = at
   local t = tonumber(view.t)
@@ -227,8 +261,7 @@ local function run_steps(first, n, prior)
   step_ms = now
   local now_s
   if now == at then
-    clock_s = clock_s or int(at)
-    now_s = clock_s
+    now_s = clock_text
   else
     now_s = int(now)
   end
@@ -315,9 +348,10 @@ local function run_steps(first, n, prior)
         local ord_n = (moved_o or tonumber(view.o)) + 1
         moved_o = ord_n
         local ord = int(ord_n)
+        moved_ord = ord
         if ttl ~= lease_ttl then
           lease_ttl = ttl
-          lease_s = int(now + tonumber(ttl))
+          lease_s = int(now + known_number(ttl))
           lease_score = '-' .. lease_s
         end
         local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. A[o + 5]
@@ -326,7 +360,7 @@ local function run_steps(first, n, prior)
         view[ik], view[sk] = imm, mut
         hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
         nh = nh + 4
-        local inflight = moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0
+        local inflight = moved_inflight or known_number(view['n:IN_FLIGHT']) or 0
         moved_inflight = inflight + 1
         if inflight == 0 and (view.l or '') == '' then
           view.l, moved_lone = key, true
@@ -357,7 +391,7 @@ local function run_steps(first, n, prior)
       view[sk] = mut
       hset[nh + 1], hset[nh + 2] = sk, mut
       nh = nh + 2
-      moved_inflight = (moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0) - 1
+      moved_inflight = (moved_inflight or known_number(view['n:IN_FLIGHT']) or 0) - 1
       local count = 'n:' .. outcome
       moved[count] = (moved[count] or tonumber(view[count]) or 0) + 1
       if key == view.l then
@@ -384,11 +418,11 @@ local function run_steps(first, n, prior)
   if j > 1 then
     -- The row's fields the common steps moved, with the intents'.
     if moved_o then
-      hset[nh + 1], hset[nh + 2] = 'o', int(moved_o)
+      hset[nh + 1], hset[nh + 2] = 'o', moved_ord
       nh = nh + 2
     end
     if moved_inflight then
-      hset[nh + 1], hset[nh + 2] = 'n:IN_FLIGHT', int(moved_inflight)
+      hset[nh + 1], hset[nh + 2] = 'n:IN_FLIGHT', known_text(moved_inflight)
       nh = nh + 2
     end
     for f, v in pairs(moved) do
@@ -401,7 +435,7 @@ local function run_steps(first, n, prior)
     -- The lease set's marker (prelude.lua): added while many are in
     -- flight, with the lone lease moved in beside it (LONE), and let go
     -- with the last.
-    local inflight = moved_inflight or tonumber(view['n:IN_FLIGHT']) or 0
+    local inflight = moved_inflight or known_number(view['n:IN_FLIGHT']) or 0
     if nz > 2 and inflight >= LEASE_MARK_AT then
       zadd[nz + 1], zadd[nz + 2] = '-inf', LEASE_MARK
       nz = nz + 2
@@ -472,12 +506,12 @@ end
 -- batch answers the call whose arguments are A and whose keys are keys.
 local function batch(keys)
   calls = calls + 1
-  clock_s, clock_ttl, clock_lease_s, clock_lease_score = nil, nil, nil, nil
+  clock_ttl, clock_lease_s, clock_lease_score = nil, nil, nil
   set_head(A[2], A[3], A[4])
   head_actor_e, head_owner_e = esc_once(A[2]), esc_once(A[3])
   local o, answered = 5, 0
-  for g = 1, tonumber(A[1]) do
-    local n = tonumber(A[o])
+  for g = 1, known_number(A[1]) do
+    local n = known_number(A[o])
     local first = o + 1
     use_run(keys, (g - 1) * 7)
     local ok, err = pcall(run_steps, first, n, answered)
