@@ -159,6 +159,12 @@ end
 -- them.
 local clock_ttl, clock_lease_s, clock_lease_score
 
+-- The state text of an intent a guard admits, "IN_FLIGHT 1 0 0 LEASE NOW -"
+-- and the lease owner: the same for every guard at one time, lease and
+-- owner, so made once a call for them (new_for: the three it was made
+-- for). batch clears it.
+local new_state, new_for_lease, new_for_now, new_for_owner
+
 -- The call's answers, a step's at its place in the call; batch ends them
 -- with a nil, where Redis stops reading (what lies beyond is an earlier
 -- call's).
@@ -355,8 +361,14 @@ local function run_steps(first, n, prior)
           lease_score = '-' .. lease_s
         end
         local imm = A[o + 4] .. ' ' .. now_s .. ' ' .. ord .. ' ' .. observed_s .. '\n' .. A[o + 5]
-        local mut = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. owner_e .. '\n\n\n'
-        local ik, sk = 'i:' .. key, 's:' .. key
+        if not new_state or new_for_lease ~= lease_s or new_for_now ~= now_s or new_for_owner ~= owner_e then
+          new_state = 'IN_FLIGHT 1 0 0 ' .. lease_s .. ' ' .. now_s .. ' -\n' .. owner_e .. '\n\n\n'
+          new_for_lease, new_for_now, new_for_owner = lease_s, now_s, owner_e
+        end
+        local mut = new_state
+        -- A base's first guard takes the base itself: its field is the
+        -- one the run read.
+        local ik, sk = 'i:' .. key, key == base and sb or 's:' .. key
         view[ik], view[sk] = imm, mut
         hset[nh + 1], hset[nh + 2], hset[nh + 3], hset[nh + 4] = ik, imm, sk, mut
         nh = nh + 4
@@ -507,6 +519,7 @@ end
 local function batch(keys)
   calls = calls + 1
   clock_ttl, clock_lease_s, clock_lease_score = nil, nil, nil
+  new_state = nil
   set_head(A[2], A[3], A[4])
   head_actor_e, head_owner_e = esc_once(A[2]), esc_once(A[3])
   local o, answered = 5, 0
