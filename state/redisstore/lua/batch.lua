@@ -94,25 +94,32 @@ local hset, zadd, zrem = {'HSET'}, {'ZADD'}, {'ZREM'}
 local events = {}
 local xadd = {'XADD', nil, nil, 'e'}
 
+-- kept(convert) is convert with a memory: what it gave for a value is
+-- given again from a table, which costs a look-up where convert may cost
+-- a thousand instructions. The values may vary without end, so the table
+-- starts afresh once it holds KEPT_MAX of them.
+local KEPT_MAX = 1024
+local function kept(convert)
+  local of, n = {}, 0
+  return function(v)
+    local r = of[v]
+    if r == nil and v ~= nil then
+      r = convert(v)
+      if n == KEPT_MAX then
+        of, n = {}, 0
+      end
+      of[v] = r
+      n = n + 1
+    end
+    return r
+  end
+end
+
 -- Steps mostly repeat their texts (actor, lease owner, an outcome's
 -- reason), from call to call too: each is escaped once, since esc costs
--- two calls out of Lua and a table look-up costs none. (A guard's method,
--- target and digest come escaped by its caller.) Texts may vary without
--- end, so the cache starts afresh once it holds ESCAPED_MAX of them.
-local ESCAPED_MAX = 256
-local escaped, n_escaped = {}, 0
-local function esc_once(s)
-  local e = escaped[s]
-  if not e then
-    e = esc(s)
-    if n_escaped == ESCAPED_MAX then
-      escaped, n_escaped = {}, 0
-    end
-    escaped[s] = e
-    n_escaped = n_escaped + 1
-  end
-  return e
-end
+-- two calls out of Lua. (A guard's method, target and digest come escaped
+-- by its caller.)
+local esc_once = kept(esc)
 
 -- The head's actor and lease owner (set_head), escaped: what most steps
 -- write.
@@ -121,36 +128,12 @@ local head_actor_e, head_owner_e
 -- Numbers that come back call after call: a call's count of runs and a
 -- run's of steps, the lease TTL an instance sends, a run's count of intents
 -- in flight. Read from text and written as text, each costs glibc's strtod
--- or sprintf, about a thousand instructions, where a table look-up costs a
--- few dozen; so they are kept, each table starting afresh once it holds
--- NUMBERS_MAX. Counts that only grow (an ordinal, a count of outcomes) are
--- not, as each would be kept once and never asked for again.
-local NUMBERS_MAX = 1024
-local number_of, n_number_of, text_of, n_text_of = {}, 0, {}, 0
-local function known_number(s)
-  local n = s and number_of[s]
-  if not n and s then
-    n = tonumber(s)
-    if n_number_of == NUMBERS_MAX then
-      number_of, n_number_of = {}, 0
-    end
-    number_of[s] = n
-    n_number_of = n_number_of + 1
-  end
-  return n
-end
-local function known_text(n)
-  local s = text_of[n]
-  if not s then
-    s = int(n)
-    if n_text_of == NUMBERS_MAX then
-      text_of, n_text_of = {}, 0
-    end
-    text_of[n] = s
-    n_text_of = n_text_of + 1
-  end
-  return s
-end
+-- or sprintf. Counts that only grow (an ordinal, a count of outcomes) are
+-- not kept, as each would be kept once and never asked for again.
+-- (tonumber is looked up when a call runs: a library's load may not read
+-- the globals.)
+local known_number = kept(function(s) return tonumber(s) end)
+local known_text = kept(int)
 
 -- The texts of the call's last guard's lease (TTL, expiry, score in the
 -- lease set). A fleet's call holds a run each, and a run's steps are at
