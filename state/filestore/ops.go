@@ -316,16 +316,12 @@ func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
 	if !exists {
 		return r.dispatch(req, &intentRecord{Intent: state.Intent{RunID: req.RunID, Key: key, CreatedAt: r.t.now}}, "")
 	}
-	// A duplicate of an effect under way, or a key reused for another
-	// body, leaves the record untouched, refusals included (statetest
-	// ExplicitKeyFollowsIdempotencyRules counts only refusals by the run);
-	// the event still records the attempt.
-	switch {
-	case rec.State == state.IntentInFlight || rec.State == state.IntentUnknown,
-		rec.State == state.IntentScheduled && !req.NotBefore.IsZero():
-		return r.refused(req, rec, state.RefusalInProgress, "")
-	case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
-		return r.refused(req, rec, state.RefusalKeyReused, "")
+	// A duplicate of an effect under way, a key reused for another effect,
+	// or a key whose effect is over leaves the record untouched, refusals
+	// included (statetest ExplicitKeyFollowsIdempotencyRules counts only
+	// refusals by the run); the event still records the attempt.
+	if refusal := state.ReplayRefusal(rec.Intent, req); refusal != "" {
+		return r.refused(req, rec, refusal, "")
 	}
 	return r.dispatch(req, rec, rec.State)
 }
