@@ -34,7 +34,6 @@ import (
 
 // Defaults for Options left zero.
 const (
-	DefaultStoreTimeout = 5 * time.Second
 	// ReadyTimeout bounds the store ping behind /readyz.
 	ReadyTimeout = time.Second
 	// MaxBodyBytes bounds every request body.
@@ -66,7 +65,8 @@ type Options struct {
 	// passes its --drain-timeout (30s by default).
 	DrainTimeout time.Duration
 	// StoreTimeout bounds each request's store calls; zero means
-	// DefaultStoreTimeout. A store slower than this answers 503.
+	// state.DefaultTimeout, as on every other edge. A store slower than
+	// this answers 503.
 	StoreTimeout time.Duration
 	// Logger receives panics, store failures and, at debug level, every
 	// request. Nil discards.
@@ -145,7 +145,7 @@ func New(opts Options) (*Handler, error) {
 		mux:          http.NewServeMux(),
 	}
 	if h.storeTimeout <= 0 {
-		h.storeTimeout = DefaultStoreTimeout
+		h.storeTimeout = state.DefaultTimeout
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

@@ -198,7 +198,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	if err == nil {
 		inst.api, err = control.New(control.Options{
-			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
+			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
 			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
 			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{

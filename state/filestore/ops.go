@@ -258,6 +258,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
+	req = req.Fenced(ctx)
 	var out state.GuardResult
 	err := s.update(ctx, "guard", func(t *txn) error {
 		// Checked inside the transaction, after the wait for the writer:
