@@ -702,3 +702,82 @@ func TestRequestsThatComeBackThroughTheProxyAreRefused(t *testing.T) {
 		t.Fatalf("the agent spent the victim's effects: hits %d, intents %+v", up.Hits.Load(), e.intents("victim"))
 	}
 }
+
+// TestHeadersInsideATunnelAreBoundedAsOutside: a request read inside an
+// intercepted tunnel, TLS or plain, is held to the proxy listener's bounds:
+// headers past MaxHeaderBytes are a 431 and the connection is closed, and
+// headers trickled a byte at a time are cut at ReadHeaderTimeout. Before,
+// goproxy's own loop read a header line of any size (150 MB lines took
+// three tunnels to 1.5 GB) for as long as it came.
+func TestHeadersInsideATunnelAreBoundedAsOutside(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, true, nil)
+	e.admit("hdr")
+	auth := "Proxy-Authorization: " + basicAuth("hdr:1") + "\r\n"
+	open := func(t *testing.T, tlsInside bool) *raw {
+		c := e.raw(t)
+		if resp := c.connect(up.Listener.Addr().String(), auth); resp.StatusCode != 200 {
+			t.Fatalf("CONNECT: %d", resp.StatusCode)
+		}
+		if tlsInside {
+			c.intercepted(e, "127.0.0.1")
+		}
+		return c
+	}
+	for _, tlsInside := range []bool{true, false} {
+		name := map[bool]string{true: "TLS", false: "plain HTTP"}[tlsInside]
+		t.Run(name+": headers past the limit are a 431", func(t *testing.T) {
+			c := open(t, tlsInside)
+			// Past the proxy's limit, and well within the upstream's (net/http's
+			// 1 MB): the 431 can only be the proxy's.
+			big := strings.Repeat("a", proxy.MaxHeaderBytes+64<<10)
+			// The proxy answers and closes once the limit is passed: the
+			// rest of the line need not all be taken.
+			go func() {
+				_, _ = io.WriteString(c.conn, "GET / HTTP/1.1\r\nHost: "+up.Listener.Addr().String()+"\r\nX-Big: "+big+"\r\n\r\n")
+			}()
+			resp, err := http.ReadResponse(c.r, &http.Request{Method: http.MethodGet})
+			if err != nil {
+				t.Fatalf("no answer to an oversized header: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+				t.Fatalf("oversized header inside the tunnel: %d, want 431", resp.StatusCode)
+			}
+			if up.Hits.Load() != 0 {
+				t.Fatalf("the upstream was reached: %d", up.Hits.Load())
+			}
+		})
+		t.Run(name+": headers trickled past the header timeout are cut", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("waits for the header timeout")
+			}
+			t.Parallel()
+			c := open(t, tlsInside)
+			start := time.Now()
+			c.send("GET / HTTP/1.1\r\nHost: " + up.Listener.Addr().String() + "\r\n")
+			closed := make(chan error, 1)
+			go func() {
+				_, err := c.r.ReadByte()
+				for err == nil {
+					_, err = c.r.ReadByte()
+				}
+				closed <- err
+			}()
+			tick := time.NewTicker(200 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case err := <-closed:
+					if d := time.Since(start); d < proxy.ReadHeaderTimeout-time.Second || d > proxy.ReadHeaderTimeout+3*time.Second {
+						t.Fatalf("a trickled header was let go after %s (%v), want about %s", d, err, proxy.ReadHeaderTimeout)
+					}
+					return
+				case <-tick.C:
+					// One more byte of a header that never ends.
+					_, _ = io.WriteString(c.conn, "X")
+				}
+			}
+		})
+	}
+}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -68,7 +67,9 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		return reject(p.denied(req, ex, r, greq))
 	}
 	if !passThrough {
-		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.interceptTLS(ex.slot)}, host
+		return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+			p.intercept(client, host, ex)
+		}}, host
 	}
 
 	if ex.slot != nil {
@@ -81,23 +82,6 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		p.tunnel(req, client, host, ex)
 	}}, host
-}
-
-// interceptTLS is the TLS configuration of an intercepted tunnel: the
-// handshake ends the tunnel's start, and with it the handshake deadline.
-func (p *Proxy) interceptTLS(s *slot) func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
-	return func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
-		cfg, err := p.mitmTLS(host, ctx)
-		if err != nil || s == nil {
-			return cfg, err
-		}
-		cfg = cfg.Clone()
-		cfg.VerifyConnection = func(tls.ConnectionState) error {
-			s.mode.CompareAndSwap(readHandshake, readIdle)
-			return nil
-		}
-		return cfg, nil
-	}
 }
 
 // tunnel carries a pass-through CONNECT, unseen, until either side closes,

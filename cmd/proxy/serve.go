@@ -33,9 +33,9 @@ import (
 // Bounds of the listeners: a slow or stuck client holds a connection for at
 // most these.
 const (
-	readHeaderTimeout = 5 * time.Second
-	idleTimeout       = 2 * time.Minute
-	maxHeaderBytes    = 64 << 10
+	readHeaderTimeout = proxy.ReadHeaderTimeout
+	idleTimeout       = proxy.KeepAliveTimeout
+	maxHeaderBytes    = proxy.MaxHeaderBytes
 	// The control API answers in one store call or a few; the proxy and the
 	// browser guard carry streams and long provider calls, so they have no
 	// read or write timeout of their own.
@@ -269,6 +269,7 @@ func (inst *instance) run(ctx context.Context) error {
 	)
 	inst.transparent.close()
 	inst.egress.CutAll("stopgate_shutdown")
+	_ = inst.egress.Close()
 	stopLoops()
 	loops.Wait()
 	return err
