@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"net"
+	"net/netip"
 )
 
 // ReadClientHello reads a TLS ClientHello from c (through br) without
@@ -19,3 +20,7 @@ func LooksLikeHTTP(br *bufio.Reader) bool { return looksLikeHTTP(br) }
 
 // IsTLSRecord reports whether b starts a TLS handshake record.
 func IsTLSRecord(b byte) bool { return b == tlsRecordHandshake }
+
+// OriginalDst is where a connection redirected by iptables REDIRECT was
+// going (SO_ORIGINAL_DST), read in the network namespace of its socket.
+func OriginalDst(c net.Conn) (netip.AddrPort, error) { return originalDst(c) }

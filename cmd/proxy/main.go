@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stopgate/stopgate/agentexec"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
 )
@@ -59,6 +60,10 @@ const (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == agentexec.InitVerb {
+		// The first process of exec's sandbox: no verb of the CLI.
+		os.Exit(agentexec.Init(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := newCLI(os.Stdout, os.Stderr, os.Getenv).run(ctx, os.Args[1:])
 	stop()
@@ -75,8 +80,9 @@ type cli struct {
 	pollEvery time.Duration
 	waitSlack time.Duration
 	// tokenFrom says where the client verb's bearer token came from
-	// (empty: none was found), for the hint on a 401.
+	// (empty: none was found), for the hint on a 401; token is that token.
 	tokenFrom string
+	token     string
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) string) *cli {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -231,7 +232,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 
 	b := startExec(t, s, "exec", "--run", "iso", "--isolate", "--uid", fmt.Sprint(uidExec), "--", "sh", "-c", gatedScript(gate, target))
 	before := b.until(t, "ready")
-	if !contains(before, "node 200 done") || !contains(before, "curl 200") || hits.Load() != 2 {
+	if !slices.Contains(before, "node 200 done") || !slices.Contains(before, "curl 200") || hits.Load() != 2 {
 		t.Fatalf("while ACTIVE: %q, upstream saw %d", before, hits.Load())
 	}
 	doc := s.audit(t, "iso")
@@ -247,7 +248,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("stopgate exec exited %d, want the script's 0: %q", code, after)
 	}
-	if !containsPrefix(after, "node 409") || !contains(after, "curl 409") {
+	if !containsPrefix(after, "node 409") || !slices.Contains(after, "curl 409") {
 		t.Fatalf("after the cancel: %q", after)
 	}
 	if hits.Load() != 2 {
