@@ -504,4 +504,3 @@ func (e *execution) resolvers() ([]netip.AddrPort, []netip.AddrPort, error) {
 	}
 	return system, system, nil
 }
-

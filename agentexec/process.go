@@ -315,8 +315,10 @@ func (p *redirectedProcess) signalTree(sig syscall.Signal) error {
 	return errors.Join(errs...)
 }
 
-func (p *redirectedProcess) kill()        { _ = p.signalTree(syscall.SIGKILL) }
-func (p *redirectedProcess) what() string { return "every process of uid " + strconv.FormatUint(uint64(p.uid), 10) }
+func (p *redirectedProcess) kill() { _ = p.signalTree(syscall.SIGKILL) }
+func (p *redirectedProcess) what() string {
+	return "every process of uid " + strconv.FormatUint(uint64(p.uid), 10)
+}
 
 // renew keeps the binding alive while CMD runs; a renewal that fails is
 // said once, and tried again (an expired binding fails closed).

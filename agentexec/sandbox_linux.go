@@ -466,4 +466,3 @@ func stdinIsTerminal() bool {
 	_, err := unix.IoctlGetTermios(0, unix.TCGETS)
 	return err == nil
 }
-
