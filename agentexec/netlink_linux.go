@@ -51,10 +51,16 @@ func routeAllToLoopback() error {
 		Family: unix.AF_INET, Table: unix.RT_TABLE_MAIN, Protocol: unix.RTPROT_BOOT,
 		Scope: unix.RT_SCOPE_LINK, Type: unix.RTN_UNICAST,
 	}
-	attr := make([]byte, 8)
+	// Out of lo, with 127.0.0.1 as the source: without one, a datagram to
+	// an address no interface has leaves from 0.0.0.0, and its answer has
+	// nowhere to go.
+	attr := make([]byte, 16)
 	binary.NativeEndian.PutUint16(attr[0:2], 8)
 	binary.NativeEndian.PutUint16(attr[2:4], unix.RTA_OIF)
 	binary.NativeEndian.PutUint32(attr[4:8], loopbackIndex)
+	binary.NativeEndian.PutUint16(attr[8:10], 8)
+	binary.NativeEndian.PutUint16(attr[10:12], unix.RTA_PREFSRC)
+	copy(attr[12:16], []byte{127, 0, 0, 1})
 	body := append(unsafe.Slice((*byte)(unsafe.Pointer(&rt)), unix.SizeofRtMsg), attr...)
 	hdr := unix.NlMsghdr{
 		Len: uint32(unix.SizeofNlMsghdr + len(body)), Type: unix.RTM_NEWROUTE,
