@@ -515,4 +515,3 @@ func TestExecRefusesARunNeverAdmitted(t *testing.T) {
 		t.Errorf("after exec --admit: %+v %v", row, err)
 	}
 }
-
