@@ -28,18 +28,32 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	s.must(t, 0, "admit", "env-run")
 
 	// curl reads lower-case http_proxy for plain HTTP: it goes through the guard.
-	code, out, errOut := s.stopgate(t, "exec", "--run", "env-run", "--", "curl", "-sS", "-X", "POST", up.URL+"/exec-env")
+	code, out, errOut := s.stopgate(t, "exec", "--run", "env-run", "--no-isolate", "--", "curl", "-sS", "-X", "POST", up.URL+"/exec-env")
 	if code != 0 || strings.TrimSpace(out) != "done" || hits.Load() != 1 {
 		t.Fatalf("exec curl: exit %d, %q %q, upstream %d", code, out, errOut, hits.Load())
 	}
-	for _, say := range []string{"go around the guard", "Node.js", "Go programs, for loopback", "--isolate"} {
+	for _, say := range []string{"go around the guard", "Node.js", "Go programs, for loopback", "--no-isolate"} {
 		if !strings.Contains(errOut, say) {
 			t.Errorf("stderr does not say %q:\n%s", say, errOut)
 		}
 	}
 	doc := s.audit(t, "env-run")
-	if len(doc.Intents) != 1 || doc.Intents[0].Target != up.URL+"/exec-env" || doc.Intents[0].State != state.IntentResponded {
+	var sent []state.Intent
+	for _, in := range doc.Intents {
+		if in.Method != "EXEC" {
+			sent = append(sent, in)
+		}
+	}
+	if len(sent) != 1 || sent[0].Target != up.URL+"/exec-env" || sent[0].State != state.IntentResponded {
 		t.Fatalf("audit: %+v", doc.Intents)
+	}
+	// The unisolated start is in the record, with the clients that may bypass.
+	unisolated := false
+	for _, e := range doc.Events {
+		unisolated = unisolated || (e.Kind == "exec.unisolated" && strings.Contains(e.Reason, "Node.js"))
+	}
+	if !unisolated {
+		t.Errorf("no exec.unisolated event naming the clients that bypass: %+v", doc.Events)
 	}
 
 	// The variables every common runtime reads, in both cases; no exception list.
@@ -50,7 +64,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_CONTROL_TOKEN=" + strings.TrimSpace(string(token)), "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
-		"exec", "--run", "env-run", "--", "env")
+		"exec", "--run", "env-run", "--no-isolate", "--", "env")
 	vars := map[string]string{}
 	for _, line := range strings.Split(env, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
@@ -63,7 +77,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 			t.Errorf("%s=%q, want %q", k, vars[k], proxyURL)
 		}
 	}
-	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"} {
+	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "WGETRC", "STOPGATE_CANCEL_FILE"} {
 		if vars[k] == "" {
 			t.Errorf("%s is not set", k)
 		}
@@ -78,7 +92,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	}
 
 	// The exit status is the command's; a run that admits nothing starts nothing.
-	if code, _, _ := s.stopgate(t, "exec", "--run", "env-run", "--", "sh", "-c", "exit 7"); code != 7 {
+	if code, _, _ := s.stopgate(t, "exec", "--run", "env-run", "--no-isolate", "--", "sh", "-c", "exit 7"); code != 7 {
 		t.Errorf("exit status %d, want 7", code)
 	}
 	s.must(t, 0, "cancel", "env-run")
@@ -88,7 +102,8 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	if msg := s.must(t, 2, "exec", "--", "true"); !strings.Contains(msg, "--run is required") {
 		t.Errorf("exec without --run: %q", msg)
 	}
-	if msg := s.must(t, 1, "exec", "--run", "other", "--isolate", "--uid", "61050", "--", "true"); !strings.Contains(msg, "--isolate needs root") && !strings.Contains(msg, "--transparent-addr") {
+	s.must(t, 0, "admit", "other")
+	if msg := s.must(t, 1, "exec", "--run", "other", "--isolate", "--uid", "61050", "--", "true"); !strings.Contains(msg, "needs root") && !strings.Contains(msg, "--transparent-addr") {
 		t.Errorf("exec --isolate without transparent mode: %q", msg)
 	}
 }
