@@ -36,6 +36,11 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 	}
 	reject := func(r *refusal.Refusal) (*goproxy.ConnectAction, string) {
 		pctx.Resp = p.refuse(req, ex, boundary, r)
+		// goproxy closes the connection after a refused CONNECT: say so, or
+		// a client answering a 407 (libcurl's anyauth) sends its credentials
+		// on a connection that is gone ("Proxy CONNECT aborted").
+		pctx.Resp.Close = true
+		pctx.Resp.Header.Set("Connection", "close")
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 	}
 	if !passThrough && p.cfg.CA == nil {

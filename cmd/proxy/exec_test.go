@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -141,6 +144,68 @@ func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
 	for _, bad := range []control.BindingRequest{{RunID: "no-uid"}, {UID: &uid}, {UID: &uid, RunID: "r", CancelVersion: -1}} {
 		if _, err := cl.Bind(ctx, bad); !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
 			t.Errorf("bind %+v: %v", bad, err)
+		}
+	}
+}
+
+// TestNoIsolateGitAndProxyAnyauth: with the proxy environment alone, git
+// over HTTPS and curl --proxy-anyauth go through the guard. Both send their
+// CONNECT without credentials first (libcurl's anyauth) and answer the 407
+// they get at the CONNECT with the run's credentials.
+func TestNoIsolateGitAndProxyAnyauth(t *testing.T) {
+	for _, tool := range []string{"git", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is needed: %v", tool, err)
+		}
+	}
+	work := t.TempDir()
+	gitIn := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "HOME="+work)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	src, bare := filepath.Join(work, "src"), filepath.Join(work, "served", "repo.git")
+	gitIn(work, "init", "-q", "-b", "main", src)
+	if err := os.WriteFile(filepath.Join(src, "README"), []byte("guarded\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitIn(src, "add", "README")
+	gitIn(src, "commit", "-q", "-m", "first")
+	gitIn(work, "clone", "-q", "--bare", src, bare)
+	gitIn(bare, "update-server-info") // the dumb HTTP protocol: plain files
+	up := httptest.NewTLSServer(http.FileServer(http.Dir(filepath.Join(work, "served"))))
+	defer up.Close()
+	roots := filepath.Join(work, "upstream-ca.pem")
+	if err := os.WriteFile(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServeEnv(t, []string{"SSL_CERT_FILE=" + roots}, "--data-dir", t.TempDir())
+	s.must(t, 0, "admit", "git-run")
+	env := []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_DATA_DIR=" + s.dataDir, "HOME=" + work}
+
+	clone := filepath.Join(work, "clone")
+	code, out, errOut := runBinary(t, env, "exec", "--run", "git-run", "--no-isolate", "--", "git", "clone", "-q", up.URL+"/repo.git", clone)
+	if code != 0 {
+		t.Fatalf("git clone over HTTPS through --no-isolate: exit %d\n%s%s", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(clone, "README")); err != nil || string(b) != "guarded\n" {
+		t.Fatalf("the clone: %q %v", b, err)
+	}
+	code, out, errOut = runBinary(t, env, "exec", "--run", "git-run", "--no-isolate", "--", "curl", "-sS", "--proxy-anyauth", "-o", "/dev/null", "-w", "%{http_code}", up.URL+"/repo.git/HEAD")
+	if code != 0 || out != "200" {
+		t.Fatalf("curl --proxy-anyauth: exit %d %q %s", code, out, errOut)
+	}
+	recorded := map[string]bool{}
+	for _, in := range s.audit(t, "git-run").Intents {
+		recorded[strings.TrimPrefix(in.Target, up.URL)] = in.State == state.IntentResponded
+	}
+	for _, path := range []string{"/repo.git/info/refs", "/repo.git/HEAD"} {
+		if !recorded[path] {
+			t.Errorf("%s is not recorded RESPONDED under git-run: %v", path, recorded)
 		}
 	}
 }
