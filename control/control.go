@@ -196,6 +196,7 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", accessRead, "read intents", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", accessWork, "report outcomes", h.finishIntent},
 		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", accessWork, "renew leases", h.renewIntent},
+		{http.MethodPost, "/v1/runs/{run}/intents/{key}/notes", accessWork, "note effects", h.noteIntent},
 		{http.MethodPost, "/v1/runs/{run}/tokens", accessOperate, "mint run tokens", h.issueToken},
 		{http.MethodPost, resolvePath, accessResolve, "resolve UNKNOWN intents", h.resolve},
 		{http.MethodPost, "/v1/runs/{run}/browsers", accessWork, "launch browsers", h.launchBrowser},

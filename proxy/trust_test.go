@@ -433,10 +433,10 @@ func TestRefusedBeforeTheBodyIsSent(t *testing.T) {
 	}
 }
 
-// TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne: a 407 inside a
-// tunnel is one no client can answer, so wherever the identity cannot come
-// from the requests inside, the CONNECT itself gets the 407.
-func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
+// TestConnectNeedsAnIdentity: a 407 inside a tunnel is one no client can
+// answer (git and curl --proxy-anyauth send credentials only after a 407),
+// so an anonymous CONNECT gets its 407 at the CONNECT, whatever the host.
+func TestConnectNeedsAnIdentity(t *testing.T) {
 	signer, err := runtoken.New([]byte("0123456789abcdef0123456789abcdef"))
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
 	}{
 		{"a required token", envOptions{tokens: signer, requireTok: true}, 407},
 		{"a pass-through host", envOptions{passThrough: []string{"127.0.0.1"}}, 407},
-		{"an intercepted host: the requests inside may name their run", envOptions{}, 200},
+		{"an intercepted host", envOptions{}, 407},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.opts)
@@ -468,6 +468,47 @@ func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
 				t.Fatal("407 without Proxy-Authenticate")
 			}
 		})
+	}
+}
+
+// TestABoundTunnelKeepsItsRun: requests inside an intercepted tunnel may
+// name another run with X-Run-ID, unless the CONNECT bound the tunnel to its
+// own (what stopgate exec does for a sandboxed command): then whatever they
+// name, they are the CONNECT's run's, and the header never goes upstream.
+func TestABoundTunnelKeepsItsRun(t *testing.T) {
+	var leaked atomic.Int64
+	up := newUpstream(t, true, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Run-Id") != "" {
+			leaked.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	e := newEnv(t, envOptions{})
+	e.admit("carrier")
+	e.admit("victim")
+	for _, tc := range []struct {
+		name  string
+		bind  bool
+		owner string
+	}{{"not bound: the header names the run", false, "victim"}, {"bound: the CONNECT's run", true, "carrier"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.client("carrier", 1)
+			if tc.bind {
+				tr := c.Transport.(*http.Transport)
+				tr.ProxyConnectHeader = http.Header{proxy.HeaderBindTunnel: {"1"}}
+			}
+			resp, body := do(t, c, "POST", up.URL+"/"+tc.owner, strings.NewReader("x"), http.Header{"X-Run-Id": {"victim"}})
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			key := resp.Header.Get(refusal.IntentHeader)
+			if in := e.intent(tc.owner, key); in.Target != up.URL+"/"+tc.owner {
+				t.Fatalf("recorded under %s as %+v", tc.owner, in)
+			}
+		})
+	}
+	if n := leaked.Load(); n != 0 {
+		t.Fatalf("X-Run-ID reached the upstream %d times", n)
 	}
 }
 
