@@ -23,7 +23,7 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 			return state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}, nil, nil
 		}
 		s.create(state.StatusActive, 1)
-		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: ReasonAutoAdmit, To: string(state.StatusActive)})
+		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: state.ReasonAutoAdmit, To: string(state.StatusActive)})
 	}
 	if !req.NotAfter.IsZero() {
 		// The fence: a guard whose caller gave up must leave no trace,
@@ -197,7 +197,7 @@ func Finish(v View, req state.FinishRequest, now time.Time) (state.Intent, *Muta
 	out := *rec
 	out.State, out.StatusCode, out.Reason, out.Source = req.Outcome, req.StatusCode, req.Reason, req.Source
 	if late {
-		out.Reason = ReasonLateResponse
+		out.Reason = state.ReasonLateResponse
 	}
 	out.LeaseOwner, out.LeaseExpires, out.UpdatedAt = "", time.Time{}, s.now
 	s.put(out, from, true)

@@ -376,19 +376,6 @@ func (s *step) conflict(code string, in *state.Intent, detail string) *state.Con
 	return c
 }
 
-// Status reasons of a run leaving CANCELLING or UNKNOWN, and the reasons
-// the rules give an intent or an event.
-const (
-	ReasonAutoAdmit    = "auto-admit"
-	ReasonDrained      = "drained"
-	ReasonUnresolved   = "unresolved_intents"
-	ReasonDrainTimeout = "drain_timeout"
-	ReasonReconciled   = "reconciled"
-	ReasonLeaseExpired = "lease_expired"
-	ReasonRunCancelled = "run_cancelled"
-	ReasonLateResponse = "late_response"
-)
-
 // Why is the audit reason of an outcome or a resolution: its source first
 // when it has one ("safe_method: run_cancelled").
 func Why(source, reason string) string {

@@ -92,7 +92,7 @@ func Cancel(v View, req state.CancelRequest, now time.Time) (state.CancelResult,
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason,
 		From: string(state.StatusActive), To: string(state.StatusCancelling)})
 	for _, rec := range scheduled {
-		s.force(rec, state.IntentRevoked, ReasonRunCancelled, state.EventIntentRevoked, req.Actor)
+		s.force(rec, state.IntentRevoked, state.ReasonRunCancelled, state.EventIntentRevoked, req.Actor)
 	}
 	s.m.Publish = true
 	return state.CancelResult{Run: s.row, Changed: true}, s.done(), nil
@@ -181,7 +181,7 @@ func (s *step) expireLeases(actor string) error {
 		return cmp.Or(a.LeaseExpires.Compare(b.LeaseExpires), strings.Compare(a.Key, b.Key))
 	})
 	for _, rec := range due {
-		s.force(rec, state.IntentUnknown, ReasonLeaseExpired, state.EventIntentExpired, actor)
+		s.force(rec, state.IntentUnknown, state.ReasonLeaseExpired, state.EventIntentExpired, actor)
 	}
 	return nil
 }
@@ -208,19 +208,19 @@ func (s *step) finalize(actor string) error {
 	s.expectCount(state.IntentUnknown)
 	if s.row.Status == state.StatusUnknown {
 		if inflight == 0 && unknown == 0 {
-			s.move(state.StatusCancelled, ReasonReconciled, actor)
+			s.move(state.StatusCancelled, state.ReasonReconciled, actor)
 		}
 		return nil
 	}
 	switch {
 	case inflight == 0 && unknown == 0:
-		s.move(state.StatusCancelled, ReasonDrained, actor)
+		s.move(state.StatusCancelled, state.ReasonDrained, actor)
 	case inflight == 0 && pastDeadline:
 		// Past the deadline, what is unknown was cut by it (by this tick
 		// or by the carrier that saw the deadline first).
-		s.move(state.StatusUnknown, ReasonDrainTimeout, actor)
+		s.move(state.StatusUnknown, state.ReasonDrainTimeout, actor)
 	case inflight == 0:
-		s.move(state.StatusUnknown, ReasonUnresolved, actor)
+		s.move(state.StatusUnknown, state.ReasonUnresolved, actor)
 	case pastDeadline:
 		recs, err := s.v.InFlight()
 		if err != nil {
@@ -230,9 +230,9 @@ func (s *step) finalize(actor string) error {
 			if cur, ok := s.touched(rec.Key); ok && cur != nil && cur.State != state.IntentInFlight {
 				continue // this step moved it already
 			}
-			s.force(rec, state.IntentUnknown, ReasonDrainTimeout, state.EventIntentOutcome, actor)
+			s.force(rec, state.IntentUnknown, state.ReasonDrainTimeout, state.EventIntentOutcome, actor)
 		}
-		s.move(state.StatusUnknown, ReasonDrainTimeout, actor)
+		s.move(state.StatusUnknown, state.ReasonDrainTimeout, actor)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -34,6 +35,8 @@ const (
 
 type seenRuns struct {
 	c *lru.Cache[string, seen]
+	// off makes every step read its run (a test compares the paths).
+	off bool
 }
 
 func newSeenRuns() seenRuns {
@@ -71,6 +74,9 @@ func (s seenRuns) forget(id string) { s.c.Remove(id) }
 // viewOf is the view a round decides a run's steps on without reading it,
 // or nil when it must read: a run seen ACTIVE, for steps that all assume.
 func (s seenRuns) viewOf(id string, steps []*step) *runView {
+	if s.off {
+		return nil
+	}
 	for _, st := range steps {
 		if !st.assume.on {
 			return nil
@@ -162,7 +168,12 @@ func (s *Store) runStepsVia(ctx context.Context, steps []*step, via execer) {
 		}
 		clear(reread)
 		for _, part := range s.calls(toRead) {
-			if err := s.readRuns(ctx, via, part); err != nil {
+			err := s.readRuns(ctx, via, part)
+			var failed failedGroups
+			switch {
+			case errors.As(err, &failed):
+				groups = without(groups, failed)
+			case err != nil:
 				for _, g := range part {
 					for _, st := range g.steps {
 						st.err = err
@@ -579,6 +590,7 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 	}
 	args := make([]any, headRoom(keys)+1, headRoom(keys)+1+32*len(groups))
 	args[headRoom(keys)] = len(groups)
+	starts := make([]int, len(groups))
 	type asked struct {
 		fields []string
 		bases  []string
@@ -596,6 +608,8 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 				}
 			}
 		}
+		starts[len(all)] = len(args)
+		args = append(args, 0)
 		fields := append([]string(nil), rowFields...)
 		fields = append(fields, "l")
 		for _, k := range n.keys {
@@ -610,6 +624,7 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 			args = append(args, b)
 		}
 		args = append(args, flag(n.leases), flag(n.schedule))
+		args[starts[len(all)]] = len(args) - starts[len(all)] - 1
 		all = append(all, asked{fields, n.bases, n})
 	}
 	v, err := via(ctx, readProgram, keys, args).Result()
@@ -620,15 +635,33 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 	if !ok || len(list) != len(groups) {
 		return fmt.Errorf("redis read: the read program answered %T for %d runs", v, len(groups))
 	}
+	var failed []*group
 	for i, g := range groups {
+		if a, ok := list[i].([]any); ok && len(a) == 2 && a[0] == "failed" {
+			msg, _ := a[1].(string)
+			for _, st := range g.steps {
+				st.err = s.fail("read", g.run, groupError(msg))
+			}
+			failed = append(failed, g)
+			continue
+		}
 		view, err := viewOfRead(g.run, all[i].fields, all[i].bases, all[i].n, list[i])
 		if err != nil {
 			return err
 		}
 		g.view = view
 	}
+	if len(failed) > 0 {
+		return failedGroups(failed)
+	}
 	return nil
 }
+
+// failedGroups is the error of a read whose runs in groups failed alone,
+// their steps answered already: the caller leaves them out.
+type failedGroups []*group
+
+func (f failedGroups) Error() string { return fmt.Sprintf("%d runs could not be read", len(f)) }
 
 // viewOfRead makes a view of what the read program answered for a run.
 func viewOfRead(id string, fields, bases []string, n needs, x any) (*runView, error) {

@@ -9,6 +9,8 @@ import (
 	"github.com/stopgate/stopgate/internal/redisserver"
 )
 
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
 // testStore opens a store on a redis-server of its own, and says where
 // that server listens.
 func testStore(t *testing.T) (*Store, string) {

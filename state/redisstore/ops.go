@@ -173,14 +173,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 		}
 	}
 	var out state.GuardResult
-	err := s.batches.do(ctx, s, &step{run: req.RunID, op: "guard", assume: assumption{on: true}, key: req.Key, derived: !req.ExplicitKey,
-		decide: func(v machine.View, now time.Time) (m *machine.Mutation, err error) {
-			out, m, err = machine.Guard(v, req, now)
-			return m, err
-		},
-		settle: func(row state.Run, _ []*record) error { out.Run = row; return nil },
-	})
-	if err != nil {
+	if err := s.batches.do(ctx, s, s.guardStep(req, &out)); err != nil {
 		return state.GuardResult{}, err
 	}
 	if !out.Admitted && out.Run.Final() && !out.Run.PrunedAt.IsZero() {
@@ -192,6 +185,17 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 		}
 	}
 	return out, nil
+}
+
+// guardStep is the step of a guard; out is its answer.
+func (s *Store) guardStep(req state.GuardRequest, out *state.GuardResult) *step {
+	return &step{run: req.RunID, op: "guard", assume: assumption{on: true}, key: req.Key, derived: !req.ExplicitKey,
+		decide: func(v machine.View, now time.Time) (m *machine.Mutation, err error) {
+			*out, m, err = machine.Guard(v, req, now)
+			return m, err
+		},
+		settle: func(row state.Run, _ []*record) error { out.Run = row; return nil },
+	}
 }
 
 // finishStep is the step of an outcome; out is the record as written.

@@ -5,7 +5,8 @@
 -- set and the scheduled set. It writes nothing.
 --
 -- KEYS: the seven keys of each group's run, group after group. ARGV: the
--- number of groups; then for each group the fields of the run's hash to
+-- number of groups; then for each group the number of its arguments that
+-- follow, the fields of the run's hash to
 -- read (their number, then them: the row's own and i:KEY, s:KEY of the
 -- records named), the derived-key counters (number, then bases), and two
 -- flags, 1 or 0: the lease set's records, the scheduled set's.
@@ -18,7 +19,7 @@ local function read(KEYS, A)
   local call = redis.call
   local out = {}
   local a = 2
-  for g = 1, tonumber(A[1]) do
+  local function read_group(g, a)
     local kb = (g - 1) * 7
     local k_run, k_legacy, k_seq, k_lease, k_sched = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 4], KEYS[kb + 5], KEYS[kb + 6]
     local nf = tonumber(A[a])
@@ -75,7 +76,21 @@ local function read(KEYS, A)
     if call('HEXISTS', k_run, 'o') == 0 and call('EXISTS', k_run) == 1 then
       legacy = call('HGETALL', k_legacy)
     end
-    out[g] = {vals, seq, leases, lease_recs, sched, sched_recs, legacy}
+    return {vals, seq, leases, lease_recs, sched, sched_recs, legacy}
+  end
+  for g = 1, tonumber(A[1]) do
+    -- Each run on its own: an error reading one (a key of the wrong
+    -- type) answers that run alone, as failed.
+    local n = tonumber(A[a])
+    local ok, res = pcall(read_group, g, a + 1)
+    if not ok then
+      if type(res) == 'table' and res.err then
+        res = res.err
+      end
+      res = {'failed', tostring(res)}
+    end
+    out[g] = res
+    a = a + 1 + n
   end
   return out
 end
