@@ -202,6 +202,19 @@ const (
 	SourcePolicy = "policy"
 )
 
+// Status reasons of a run leaving CANCELLING or UNKNOWN (Run.StatusReason),
+// and the reasons the rules give an intent or an event.
+const (
+	ReasonAutoAdmit    = "auto-admit"
+	ReasonDrained      = "drained"
+	ReasonUnresolved   = "unresolved_intents"
+	ReasonDrainTimeout = "drain_timeout"
+	ReasonReconciled   = "reconciled"
+	ReasonLeaseExpired = "lease_expired"
+	ReasonRunCancelled = "run_cancelled"
+	ReasonLateResponse = "late_response"
+)
+
 // Refusal reasons the guard returns.
 const (
 	RefusalRunNotActive   = "run_not_active"
