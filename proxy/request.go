@@ -30,6 +30,9 @@ type exchange struct {
 	hasID bool
 	// inTunnel: the request came inside a MITM'd CONNECT.
 	inTunnel bool
+	// rules are the policy's rules the exchange started under, which it
+	// keeps to its end whatever a reload does meanwhile.
+	rules *rules
 	start    time.Time
 	flow     *flow
 	body     *spooledBody
@@ -122,7 +125,7 @@ func hostOf(req *http.Request) string {
 // destination, before any guard), whether the guard can answer before the
 // body is read, the body, then the guard.
 func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	ex := &exchange{start: time.Now()}
+	ex := &exchange{start: time.Now(), rules: p.current()}
 	fallback := p.boundRun(req)
 	s := slotOf(req.Context())
 	tunnel := exchangeOf(pctx)
@@ -155,7 +158,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	if r != nil {
 		return req, p.refuse(req, ex, state.BoundaryHTTP, r)
 	}
-	allow := p.cfg.Delivery.Match(req.URL.Host)
+	allow := ex.rules.Delivery.Match(req.URL.Host)
 	boundary := state.BoundaryHTTP
 	if allow {
 		boundary = state.BoundaryDelivery
@@ -179,7 +182,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		}
 	}
 	greq.Target = recordedTarget(req.URL, rawURL)
-	if r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
+	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
 		return req, p.refuse(req, ex, boundary, p.denied(req, ex, r, withoutBody(greq, rawURL)))
 	}
 	if p.guardFirst(req, id, allow) {
@@ -264,9 +267,15 @@ func withoutBody(greq state.GuardRequest, rawURL string) state.GuardRequest {
 // destination checks where the request (or tunnel) goes, before any
 // guard, into the exchange's dest, which its dial reads. A name that does
 // not resolve is not refused here: the dial resolves it again and the
-// round trip records what it got (NOT_SENT).
-func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string) *refusal.Refusal {
-	err := p.dests.check(req.Context(), hostport, &ex.dest)
+// round trip records what it got (NOT_SENT). A destination only a report
+// rule would refuse goes on, with its would_deny line.
+func (p *Proxy) destination(req *http.Request, ex *exchange, boundary state.Boundary, hostport string) *refusal.Refusal {
+	err := ex.rules.dests.check(req.Context(), hostport, &ex.dest)
+	if ex.dest.wouldDeny != "" && (err == nil || errors.Is(err, errUnresolved)) {
+		d := ex.decision(boundary, req.Method, hostOf(req))
+		d.Result, d.Reason, d.Rule = telemetry.WouldDeny, string(refusal.DestinationDenied), ex.dest.wouldDeny
+		p.tel.Decided(req.Context(), d)
+	}
 	if err == nil || errors.Is(err, errUnresolved) {
 		return nil
 	}
@@ -338,7 +347,7 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	ex.admitted = flow{
 		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: host,
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
-		effects: p.effectsOf(host),
+		effects: ex.rules.effectsOf(host),
 	}
 	ex.flow = &ex.admitted
 	if ex.body != nil {

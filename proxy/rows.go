@@ -107,7 +107,7 @@ func expectsContinue(h http.Header) bool {
 // decision line.
 func (p *Proxy) refuseEarly(w http.ResponseWriter, req *http.Request, r *refusal.Refusal) {
 	boundary := state.BoundaryHTTP
-	if req.Method == http.MethodConnect && p.cfg.PassThrough.Match(req.Host) {
+	if req.Method == http.MethodConnect && p.current().PassThrough.Match(req.Host) {
 		boundary = state.BoundaryTunnel
 	}
 	p.tel.Decided(req.Context(), telemetry.Decision{

@@ -254,7 +254,7 @@ func (t *Transparent) handle(c net.Conn) {
 			name = od.Addr().String()
 		}
 		host := joinHostPort(name, od.Port(), "")
-		if t.p.cfg.PassThrough.Match(host) && t.nameBacks(tc, name) {
+		if t.p.current().PassThrough.Match(host) && t.nameBacks(tc, name) {
 			t.passThrough(tc, host)
 			return
 		}
@@ -435,17 +435,7 @@ func (t *Transparent) mitmConfig(tc *transparentConn) *tls.Config {
 }
 
 func (p *Proxy) mitmCert(name string) (*tls.Certificate, error) {
-	gen := func() (*tls.Certificate, error) {
-		cfg, err := goproxy.TLSConfigFromCA(&p.cfg.CA.Cert)(name, &goproxy.ProxyCtx{Proxy: p.gp})
-		if err != nil {
-			return nil, fmt.Errorf("mint a certificate for %s: %w", name, err)
-		}
-		return &cfg.Certificates[0], nil
-	}
-	if p.gp.CertStore == nil {
-		return gen()
-	}
-	return p.gp.CertStore.Fetch(name, gen)
+	return p.certs.Fetch(name, func() (*tls.Certificate, error) { return p.cfg.CA.Leaf(name) })
 }
 
 // readClientHello reads the client's TLS ClientHello without answering it,

@@ -27,9 +27,9 @@ import (
 // at the CONNECT, where it can read the answer, that it may not go there.
 func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	req := pctx.Req
-	ex := &exchange{start: time.Now(), slot: slotOf(req.Context())}
+	ex := &exchange{start: time.Now(), slot: slotOf(req.Context()), rules: p.current()}
 	pctx.UserData = ex
-	passThrough := p.cfg.PassThrough.Match(host)
+	passThrough := ex.rules.PassThrough.Match(host)
 	boundary := state.BoundaryHTTP
 	if passThrough {
 		boundary = state.BoundaryTunnel
@@ -58,13 +58,13 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		return reject(refusal.New(refusal.TooManyConnections,
 			"run %s holds %d open exchanges through this proxy, its cap (--max-conns-per-run): try again when some have ended; nothing was sent", id.run, p.cfg.MaxConnsPerRun))
 	}
-	allow := p.cfg.Delivery.Match(host)
+	allow := ex.rules.Delivery.Match(host)
 	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: intents.DerivedKey(id.run, http.MethodConnect, host, ""),
 		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	if r := p.destination(req, ex, checkedAddr(req.Context(), host)); r != nil {
+	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), host)); r != nil {
 		return reject(p.denied(req, ex, r, greq))
 	}
 	if !passThrough {

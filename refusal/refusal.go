@@ -85,6 +85,10 @@ const (
 	TransparentOff         Code = "transparent_off"           // control API: serve has no --transparent-addr
 	UIDBound               Code = "uid_bound"                 // control API: the uid already has a transparent binding
 
+	// PolicyInvalid: a reload found a policy file that does not parse or
+	// validate; the policy in force stays as it was.
+	PolicyInvalid Code = "policy_invalid"
+
 	// What failed.
 	StoreUnavailable   Code = "store_unavailable"   // the state store did not answer in time: fail closed
 	UpstreamFailed     Code = "upstream_failed"     // the upstream could not be reached or failed mid-answer
@@ -111,7 +115,7 @@ func (c Code) Status() int {
 	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress,
 		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound:
 		return http.StatusConflict
-	case KeyReused:
+	case KeyReused, PolicyInvalid:
 		return http.StatusUnprocessableEntity
 	case NoRunIdentity:
 		return http.StatusProxyAuthRequired

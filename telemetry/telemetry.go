@@ -34,6 +34,10 @@ const (
 	Refused  Result = "refused"
 	Finished Result = "finished"
 	Cut      Result = "cut"
+	// WouldDeny: a destination that only a report rule refuses (policy
+	// destinations.report, or destinations.default: report), forwarded
+	// all the same; its request goes on to be admitted or refused.
+	WouldDeny Result = "would_deny"
 )
 
 // Decision is one decision at a boundary, with what the canonical log line
@@ -63,6 +67,8 @@ type Decision struct {
 	Duration time.Duration
 	// Via says where the identity came from (header, credentials, token, ...).
 	Via string
+	// Rule is the policy rule that decided (a would_deny's report rule).
+	Rule string
 	// Detail is for the operator: the cause of a failure (a store that did
 	// not answer, an outcome that could not be written). It raises the
 	// line to a warning.
@@ -148,6 +154,7 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	str("host", d.Host)
 	str("intent", d.Intent)
 	str("recorded", string(d.Recorded))
+	str("rule", d.Rule)
 	if d.StatusCode != 0 {
 		attrs = append(attrs, slog.Int("status", d.StatusCode))
 	}

@@ -10,9 +10,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime/debug"
-	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,9 +97,12 @@ type instance struct {
 	measured state.Store
 	tel      *telemetry.Telemetry
 	owner    string
-	pol      policy.Policy
-	lns      *listeners
-	watcher  *runwatch.Watcher
+	// pol is the policy read at start; policy holds the one in force,
+	// which SIGHUP and POST /v1/policy/reload replace.
+	pol     policy.Policy
+	policy  *policyHolder
+	lns     *listeners
+	watcher *runwatch.Watcher
 	// sweeper ticks draining runs; the watch tells it of every cancel.
 	sweeper  *intents.Sweeper
 	ledger   *intents.Ledger
@@ -115,28 +119,9 @@ type instance struct {
 // edges share (the decisions' account, this instance's ledger, one watch
 // on runs), the listeners, then the edges and the control API.
 func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, error) {
-	pol, err := policy.Load(cfg.Config)
+	pol, rules, err := loadPolicy(cfg)
 	if err != nil {
 		return nil, usagef("serve", "--config: %v", err)
-	}
-	pass, err := proxy.NewHostSet(pol.PassThrough)
-	if err != nil {
-		return nil, usagef("serve", "--config: pass_through: %v", err)
-	}
-	delivery, err := proxy.NewHostSet(pol.Delivery)
-	if err != nil {
-		return nil, usagef("serve", "--config: delivery: %v", err)
-	}
-	if err := proxy.CheckDestinationRules(pol.Destinations.Allow, pol.Destinations.Deny); err != nil {
-		return nil, usagef("serve", "--config: destinations: %v", err)
-	}
-	noEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsNone))
-	if err != nil {
-		return nil, usagef("serve", "--config: effects: %v", err)
-	}
-	readEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsAll))
-	if err != nil {
-		return nil, usagef("serve", "--config: effects: %v", err)
 	}
 	ca, err := loadCA(cfg)
 	if err != nil {
@@ -155,6 +140,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
 	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol}
+	inst.policy = newPolicyHolder(cfg, pol, tel.Metrics(), log.With("component", "policy"))
 	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
 		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
@@ -173,14 +159,14 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	inst.egress, err = proxy.New(proxy.Config{
 		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
-		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery, NoEffects: noEffects, ReadEffects: readEffects,
+		Tokens: tokens, RequireToken: cfg.RequireRunToken, Rules: rules,
 		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
-		AllowDest: append(slices.Clone(cfg.AllowDest), pol.Destinations.Allow...), DenyDest: pol.Destinations.Deny,
 		Protected: inst.protected(), Runs: store, StoreTimeout: cfg.StoreTimeout,
 		MaxConns: cfg.MaxConns, MaxConnsPerRun: cfg.MaxConnsPerRun,
 		HandshakeTimeout: cfg.TunnelHandshakeTimeout, IdleTimeout: cfg.ClientIdleTimeout,
 	})
 	if err == nil {
+		inst.policy.egress = inst.egress
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
 			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
@@ -199,8 +185,9 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err == nil {
 		inst.api, err = control.New(control.Options{
 			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
-			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
-			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
+			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: inst.policy.secret,
+			ReloadPolicy: inst.policy.reloader(),
+			Tokens:       tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
@@ -253,11 +240,21 @@ func (inst *instance) run(ctx context.Context) error {
 	servers.start("control API", inst.lns.control, inst.api, controlReadTimeout, controlWriteTimeout)
 	inst.logStart()
 
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var err error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "cause", context.Cause(ctx))
-	case err = <-servers.failed:
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down", "cause", context.Cause(ctx))
+			done = true
+		case err = <-servers.failed:
+			done = true
+		case <-hup:
+			// The outcome is logged and counted by the reload itself.
+			_, _ = inst.policy.reload(ctx, "signal:SIGHUP")
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
@@ -420,8 +417,9 @@ func (s *servers) shutdown(ctx context.Context, name string) error {
 func (inst *instance) logStart() {
 	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
 	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
-		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
+		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "effects", len(pol.Effects), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
 		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
+		"report_dest", len(pol.Destinations.Report), "dest_default", destinationDefault(pol),
 		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
