@@ -85,7 +85,7 @@ type destinationRules struct {
 	allow, deny, report []string
 	byDefault           policy.DestinationDefault
 	protected           []Protected
-	resolve     func(context.Context, string) ([]netip.Addr, error)
+	resolve             func(context.Context, string) ([]netip.Addr, error)
 	// local are this machine's addresses, where a listener on an
 	// unspecified address is reached (see localAddrs).
 	local []netip.Addr

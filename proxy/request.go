@@ -33,9 +33,9 @@ type exchange struct {
 	// rules are the policy's rules the exchange started under, which it
 	// keeps to its end whatever a reload does meanwhile.
 	rules *rules
-	start    time.Time
-	flow     *flow
-	body     *spooledBody
+	start time.Time
+	flow  *flow
+	body  *spooledBody
 	// admitted, answer and intentHeader are what flow, the answer's body
 	// and its intent header point to: kept here, an admitted request's
 	// flow and answer cost no allocations of their own.
