@@ -60,6 +60,29 @@ type exchange struct {
 	trace httptrace.ClientTrace
 	// queued is the outcome's decision line while its record is queued.
 	queued queuedLine
+	// status is the status the client got (the upstream's answer, a
+	// refusal's, a tunnel's 200), upstream how long the upstream took to
+	// answer, for the access line.
+	status   int
+	upstream time.Duration
+}
+
+// accessed writes the exchange's access line, at its end: how it ended
+// (result, reason), what the ledger holds of it, and what went each way.
+func (p *Proxy) accessed(ctx context.Context, ex *exchange, result telemetry.Result, reason string, recorded state.IntentState, responseBytes int64) {
+	if !p.tel.AccessLogging() {
+		return
+	}
+	var d telemetry.Decision
+	if f := ex.flow; f != nil {
+		d = ex.decision(f.boundary, f.method, f.host)
+		d.Intent, d.Bytes = f.intent.Key, f.bytes
+	} else {
+		d = ex.decision(state.BoundaryHTTP, "", "")
+	}
+	d.Result, d.Reason, d.Recorded, d.StatusCode = result, reason, recorded, ex.status
+	d.ResponseBytes, d.Upstream, d.Store = responseBytes, ex.upstream, 0
+	p.tel.Accessed(ctx, d)
 }
 
 // queuedLine is the decision line of an outcome queued by finishLater,
@@ -108,6 +131,10 @@ func (p *Proxy) refuse(req *http.Request, ex *exchange, boundary state.Boundary,
 		d.Detail = ex.detail
 	}
 	p.tel.Decided(req.Context(), d)
+	if p.tel.AccessLogging() {
+		d.StatusCode, d.Store = r.Status(), 0
+		p.tel.Accessed(req.Context(), d)
+	}
 	return r.Response(req)
 }
 
@@ -396,7 +423,9 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	// others: the first field's hook comes before any later byte, and
 	// before WroteHeaders, which would only cost a closure more.
 	ex.trace.WroteHeaderField = func(string, []string) { ex.wrote.Store(true) }
+	sent := time.Now()
 	resp, err := p.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(ex.ctx, &ex.trace)))
+	ex.upstream = time.Since(sent)
 	if err != nil {
 		defer p.flows.remove(f)
 		defer closeBody(ex.body)
@@ -416,8 +445,15 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		p.finishWith(req.Context(), ex, outcome, 0, reason, source)
 		r := refusal.Wrap(err, code, "%s; recorded %s", reason, outcome)
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, outcome
+		result := telemetry.Finished
+		if cutOf(ex.ctx) != nil {
+			result = telemetry.Cut
+		}
+		ex.status = r.Status()
+		p.accessed(req.Context(), ex, result, reason, outcome, 0)
 		return r.Response(req), nil
 	}
+	ex.status = resp.StatusCode
 	closeBody(ex.body)
 	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		f.streaming.Store(true)
@@ -476,6 +512,10 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
 	})
 	p.recorded(ctx, d, started, err)
+	if ex.flow.tunnel {
+		// A pass-through tunnel's outcome is its end.
+		p.accessed(ctx, ex, d.Result, reason, outcome, 0)
+	}
 }
 
 // finishLater is finish without waiting for the record: the outcome is
@@ -549,12 +589,15 @@ type flowBody struct {
 	stopCloser func() bool
 	seen       atomic.Bool
 	once       atomic.Bool
+	// n counts the bytes passed on to the client, for the access line.
+	n atomic.Int64
 }
 
 // Read passes the body on; once the flow is cut, whatever the upstream's
 // body says (a clean EOF included), the read fails with the cut.
 func (b *flowBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
 	if err == nil {
 		return n, nil
 	}
@@ -582,7 +625,12 @@ func (b *flowBody) Close() error {
 		}
 		f := b.ex.flow
 		b.p.flows.remove(f)
+		result, reason := telemetry.Finished, ""
+		if ce := cutOf(b.ex.ctx); ce != nil {
+			result, reason = telemetry.Cut, ce.reason
+		}
 		f.cut(nil)
+		b.p.accessed(b.reqCtx, b.ex, result, reason, state.IntentResponded, b.n.Load())
 	}
 	return err
 }

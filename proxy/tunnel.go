@@ -117,7 +117,6 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
-		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
 		r := refusal.Wrap(err, refusal.UpstreamFailed, "cannot reach %s: %v; recorded %s", host, err, state.IntentNotSent)
 		var denied *refusal.Refusal
 		if errors.As(err, &denied) {
@@ -125,6 +124,8 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 			r.Recorded = state.IntentNotSent
 		}
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, state.IntentNotSent
+		ex.status = r.Status()
+		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
 		_ = r.Response(req).Write(client)
 		return
 	}
@@ -133,6 +134,7 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 		p.finish(ctx, ex, state.IntentNotSent, 0, "client gone before the tunnel opened")
 		return
 	}
+	ex.status = http.StatusOK
 
 	opened := time.Now()
 	var sent atomic.Int64 // bytes read from the client, so far

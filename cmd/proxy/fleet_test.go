@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -259,5 +260,133 @@ func TestSIGHUPReloadChangesPassThroughWithoutCuttingAnOpenStream(t *testing.T) 
 		if strings.Contains(line, "policy reload") {
 			t.Logf("serve: %s", line)
 		}
+	}
+}
+
+// accessLines are the msg=access lines of a JSON log, decoded.
+func accessLines(t *testing.T, log string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, `"msg":"access"`) {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("an access line that is not JSON: %v\n%s", err, line)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestAccessLogIsOneLinePerRequest: with --access-log, every proxied
+// request gets one line at info when it ends, answered or refused, with
+// its run, version, method, host, intent, recorded state, status, bytes
+// each way, upstream latency and duration; in JSON, durations are integer
+// nanoseconds (slog's), as docs/metrics.md shows.
+func TestAccessLogIsOneLinePerRequest(t *testing.T) {
+	up := testkit.NewUpstream(t, false, nil)
+	s := startServe(t, "--data-dir", t.TempDir(), "--access-log", "--log-format", "json")
+	c := s.proxyClient(t, "access")
+	const sent = `{"amount":42}`
+	resp, err := c.Post(up.URL+"/charge", "application/json", strings.NewReader(sent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s.must(t, 0, "cancel", "access")
+	refused, err := c.Post(up.URL+"/charge", "application/json", strings.NewReader(sent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused.Body.Close()
+
+	var lines []map[string]any
+	testkit.Eventually(t, 5*time.Second, "two access lines", func() bool {
+		lines = accessLines(t, s.Log())
+		return len(lines) == 2
+	})
+	for _, line := range strings.Split(s.Log(), "\n") {
+		if strings.Contains(line, `"msg":"access"`) {
+			t.Logf("serve: %s", line)
+		}
+	}
+	answered, denied := lines[0], lines[1]
+	for k, want := range map[string]any{
+		"level": "INFO", "boundary": "http", "decision": "finished", "run": "access", "version": 1.0, "method": "POST",
+		"host": up.Listener.Addr().String(), "intent": resp.Header.Get(refusal.IntentHeader), "recorded": "RESPONDED",
+		"status": 200.0, "request_bytes": float64(len(sent)), "response_bytes": float64(len(got)),
+	} {
+		if answered[k] != want {
+			t.Errorf("answered: %s = %v, want %v", k, answered[k], want)
+		}
+	}
+	for _, k := range []string{"upstream_latency", "duration"} {
+		if v, ok := answered[k].(float64); !ok || v <= 0 || v != float64(int64(v)) {
+			t.Errorf("answered: %s = %v, want integer nanoseconds", k, answered[k])
+		}
+	}
+	for k, want := range map[string]any{
+		"decision": "refused", "reason": "run_not_active", "recorded": "CANCELLED_BEFORE_DISPATCH", "status": 409.0, "response_bytes": 0.0,
+	} {
+		if denied[k] != want {
+			t.Errorf("refused: %s = %v, want %v", k, denied[k], want)
+		}
+	}
+}
+
+// TestMetricsListenerServesMetricsAlone: --metrics-addr serves /metrics
+// and nothing of the control API, and the egress proxy never reaches it.
+func TestMetricsListenerServesMetricsAlone(t *testing.T) {
+	addr := freeAddr(t)
+	s := startServe(t, "--data-dir", t.TempDir(), "--metrics-addr", addr)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "stopgate_policy_last_reload_successful") {
+		t.Fatalf("GET /metrics on --metrics-addr: %d\n%.300s", resp.StatusCode, body)
+	}
+	for _, path := range []string{"/v1/runs", "/", "/v1/ca"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s on --metrics-addr: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	through, err := s.proxyClient(t, "scrape").Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	through.Body.Close()
+	if through.StatusCode != http.StatusForbidden || through.Header.Get(refusal.Header) != string(refusal.DestinationDenied) {
+		t.Fatalf("the proxy reached the metrics listener: %d", through.StatusCode)
+	}
+}
+
+// TestServeOnATakenPortWritesNothing: a listener that cannot be taken
+// stops serve before it opens the store or writes a CA or a token, so the
+// data directory is as it was.
+func TestServeOnATakenPortWritesNothing(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	code, _, errOut := runBinary(t, nil, "serve", "--data-dir", dir, "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t),
+		"--control-addr", taken.Addr().String())
+	if code == 0 || !strings.Contains(errOut, "--control-addr") {
+		t.Fatalf("serve on a taken port: exit %d\n%s", code, errOut)
+	}
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		t.Fatalf("serve wrote %v before failing on the taken port", entries)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
@@ -69,8 +70,16 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 // listeners first, the store last, so nothing still serving ever finds the
 // store closed.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
+	// Every listener is taken before anything is opened or written (the
+	// store, the CA, the tokens), so that a taken port fails the start
+	// with the flag named and leaves the data directory as it was.
+	lns, err := listenAll(cfg)
+	if err != nil {
+		return err
+	}
 	opened, err := openStore(ctx, cfg, log)
 	if err != nil {
+		lns.close()
 		return err
 	}
 	defer func() {
@@ -80,7 +89,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		}
 		log.Info("store closed; stopgate stopped")
 	}()
-	inst, err := build(cfg, opened, log)
+	inst, err := build(cfg, opened, lns, log)
 	if err != nil {
 		return err
 	}
@@ -113,12 +122,19 @@ type instance struct {
 	// the bindings exec --isolate asks for (off without --transparent-addr).
 	transparent *transparentParts
 	api         *control.Handler
+	// metrics serves /metrics, on the control API and on --metrics-addr.
+	metrics http.Handler
 }
 
 // build wires the instance top to bottom: the policy and the CA, what the
 // edges share (the decisions' account, this instance's ledger, one watch
 // on runs), the listeners, then the edges and the control API.
-func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, error) {
+func build(cfg serveConfig, opened stores.Opened, lns *listeners, log *slog.Logger) (_ *instance, err error) {
+	defer func() {
+		if err != nil {
+			lns.close()
+		}
+	}()
 	pol, rules, err := loadPolicy(cfg)
 	if err != nil {
 		return nil, usagef("serve", "--config: %v", err)
@@ -135,11 +151,12 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind})
+	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind, AccessLog: cfg.AccessLog})
 	// Every part calls the store through its measure: one place times and
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
-	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol}
+	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol, lns: lns}
+	inst.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	inst.policy = newPolicyHolder(cfg, pol, tel.Metrics(), log.With("component", "policy"))
 	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
 		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
@@ -152,11 +169,6 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	inst.watcher = runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout,
 		Logger: log.With("component", "watch"), Heard: inst.sweeper.Watch})
 
-	// Every listener is taken before anything serves, so that a taken port
-	// fails the start with the flag named.
-	if inst.lns, err = listenAll(cfg); err != nil {
-		return nil, err
-	}
 	inst.egress, err = proxy.New(proxy.Config{
 		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
 		Tokens: tokens, RequireToken: cfg.RequireRunToken, Rules: rules,
@@ -185,7 +197,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err == nil {
 		inst.api, err = control.New(control.Options{
 			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
-			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: inst.policy.secret,
+			CACertPEM: ca.PEM, Metrics: inst.metrics, WebhookSecret: inst.policy.secret,
 			ReloadPolicy: inst.policy.reloader(),
 			Tokens:       tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
@@ -198,7 +210,6 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		if inst.transparent != nil {
 			inst.transparent.close()
 		}
-		inst.lns.close()
 		return nil, err
 	}
 	return inst, nil
@@ -211,6 +222,9 @@ func (inst *instance) protected() []proxy.Protected {
 		{Addr: inst.lns.proxy.Addr().String(), What: "egress proxy"},
 		{Addr: inst.lns.control.Addr().String(), What: "control API"},
 		{Addr: inst.lns.browser.Addr().String(), What: "browser guard"},
+	}
+	if inst.lns.metrics != nil {
+		out = append(out, proxy.Protected{Addr: inst.lns.metrics.Addr().String(), What: "metrics listener"})
 	}
 	if inst.cfg.TransparentAddr != "" {
 		out = append(out, proxy.Protected{Addr: inst.cfg.TransparentAddr, What: "transparent listener"})
@@ -238,6 +252,9 @@ func (inst *instance) run(ctx context.Context) error {
 	servers.start("egress proxy", inst.lns.proxy, inst.egress, 0, 0)
 	servers.start("browser guard", inst.lns.browser, inst.guard, 0, 0)
 	servers.start("control API", inst.lns.control, inst.api, controlReadTimeout, controlWriteTimeout)
+	if inst.lns.metrics != nil {
+		servers.start("metrics", inst.lns.metrics, metricsOnly(inst.metrics), controlReadTimeout, controlWriteTimeout)
+	}
 	inst.logStart()
 
 	hup := make(chan os.Signal, 1)
@@ -258,6 +275,9 @@ func (inst *instance) run(ctx context.Context) error {
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
+	if inst.lns.metrics != nil {
+		err = errors.Join(err, servers.shutdown(shutdownCtx, "metrics"))
+	}
 	err = errors.Join(err,
 		servers.shutdown(shutdownCtx, "control API"),
 		servers.shutdown(shutdownCtx, "browser guard"),
@@ -330,9 +350,10 @@ type browserLimit struct{ error }
 
 func (browserLimit) Is(target error) bool { return target == control.ErrBrowserLimit }
 
-// listeners are serve's sockets, taken before anything serves.
+// listeners are serve's sockets, taken before anything serves; metrics is
+// nil without --metrics-addr.
 type listeners struct {
-	proxy, browser, control net.Listener
+	proxy, browser, control, metrics net.Listener
 }
 
 func listenAll(cfg serveConfig) (*listeners, error) {
@@ -344,7 +365,11 @@ func listenAll(cfg serveConfig) (*listeners, error) {
 		{"--proxy-addr", cfg.ProxyAddr, &lns.proxy},
 		{"--browser-addr", cfg.BrowserAddr, &lns.browser},
 		{"--control-addr", cfg.ControlAddr, &lns.control},
+		{"--metrics-addr", cfg.MetricsAddr, &lns.metrics},
 	} {
+		if l.addr == "" {
+			continue
+		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			lns.close()
@@ -357,7 +382,7 @@ func listenAll(cfg serveConfig) (*listeners, error) {
 
 // close closes what is still open; a listener a server took is closed by it.
 func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.proxy, l.browser, l.control} {
+	for _, ln := range []net.Listener{l.proxy, l.browser, l.control, l.metrics} {
 		if ln != nil {
 			_ = ln.Close()
 		}
@@ -383,7 +408,7 @@ type servers struct {
 }
 
 func newServers(log *slog.Logger) *servers {
-	return &servers{log: log, byName: map[string]*http.Server{}, failed: make(chan error, 3)}
+	return &servers{log: log, byName: map[string]*http.Server{}, failed: make(chan error, 4)}
 }
 
 func (s *servers) start(name string, ln net.Listener, h http.Handler, read, write time.Duration) {
@@ -426,9 +451,23 @@ func (inst *instance) logStart() {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
 	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlAuth, "drain_timeout", cfg.DrainTimeout, "store", inst.store.Kind)
+	if lns.metrics != nil {
+		log.Info("metrics serving", "addr", lns.metrics.Addr().String(), "path", "/metrics")
+	}
 	if cfg.ControlAuth == authNone {
 		warnOpen(log, lns.control.Addr().String(), isLoopback(lns.control.Addr()))
 	}
+}
+
+// metricsOnly serves /metrics and nothing else: the listener a scraper
+// reaches, which opens no part of the control API.
+func metricsOnly(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		refusal.New(refusal.NotFound, "this listener (--metrics-addr) serves GET /metrics only; the control API listens on --control-addr").WriteHTTP(w)
+	})
+	return mux
 }
 
 // instanceName names this process in leases and the audit log; the random
