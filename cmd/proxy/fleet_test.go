@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/refusal"
 )
@@ -388,5 +389,40 @@ func TestServeOnATakenPortWritesNothing(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		t.Fatalf("serve wrote %v before failing on the taken port", entries)
+	}
+}
+
+// TestRedisDownIsSaidOnceAWindow: while Redis is down the loops that retry
+// it every second (the sweeper, the reconciler, the watch) and go-redis's
+// own client say so in serve's format, once each per window, not several
+// lines a second; a run admitted before keeps a draining loop busy.
+func TestRedisDownIsSaidOnceAWindow(t *testing.T) {
+	redis := redisserver.Start(t, redisserver.Options{})
+	s := startServe(t, "--data-dir", t.TempDir(), "--store", redis.URL(), "--log-format", "json")
+	s.must(t, 0, "admit", "busy")
+	redis.Kill()
+	time.Sleep(4 * time.Second)
+	var warns []string
+	for _, line := range strings.Split(s.Log(), "\n") {
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			warns = append(warns, line)
+		}
+		if line != "" && !strings.HasPrefix(line, "{") {
+			t.Errorf("a line not in serve's format: %s", line)
+		}
+	}
+	t.Logf("%d warnings in 4 s with Redis down:\n%s", len(warns), strings.Join(warns, "\n"))
+	kinds := map[string]int{}
+	for _, w := range warns {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(w), &m); err != nil {
+			t.Fatal(err)
+		}
+		kinds[fmt.Sprint(m["component"], ": ", m["msg"])]++
+	}
+	for kind, n := range kinds {
+		if n > 1 {
+			t.Errorf("%q said %d times in 4 s; once a window is enough", kind, n)
+		}
 	}
 }

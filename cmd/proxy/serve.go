@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
@@ -47,6 +49,9 @@ const (
 	openTimeout = 15 * time.Second
 	// shutdownTimeout bounds the graceful part of a shutdown.
 	shutdownTimeout = 10 * time.Second
+	// repeatWindow: a warning that repeats (a loop retrying a store that
+	// is down) is said at most once a window, with the count held back.
+	repeatWindow = 30 * time.Second
 	// gcPercent is serve's garbage collection target (GOGC) unless the
 	// environment sets one: the proxy's live heap is a few MB while each
 	// request leaves garbage behind, so Go's default (100) collects many
@@ -69,7 +74,12 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 // builds the instance on it, serves, then shuts down in the reverse order:
 // listeners first, the store last, so nothing still serving ever finds the
 // store closed.
-func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
+func serve(ctx context.Context, cfg serveConfig, base *slog.Logger) (err error) {
+	// The loops that retry while the store is down (and the store's own
+	// client) say so once a window; the decision lines, each the one
+	// record of a request, are never held back.
+	log := slog.New(telemetry.Repeats(base.Handler(), repeatWindow))
+	redis.SetLogger(redisLogger{log.With("component", "redis")})
 	// Every listener is taken before anything is opened or written (the
 	// store, the CA, the tokens), so that a taken port fails the start
 	// with the flag named and leaves the data directory as it was.
@@ -89,7 +99,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		}
 		log.Info("store closed; stopgate stopped")
 	}()
-	inst, err := build(cfg, opened, lns, log)
+	inst, err := build(cfg, opened, lns, log, base.With("component", "decisions"))
 	if err != nil {
 		return err
 	}
@@ -129,7 +139,7 @@ type instance struct {
 // build wires the instance top to bottom: the policy and the CA, what the
 // edges share (the decisions' account, this instance's ledger, one watch
 // on runs), the listeners, then the edges and the control API.
-func build(cfg serveConfig, opened stores.Opened, lns *listeners, log *slog.Logger) (_ *instance, err error) {
+func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions *slog.Logger) (_ *instance, err error) {
 	defer func() {
 		if err != nil {
 			lns.close()
@@ -151,7 +161,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log *slog.Logg
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind, AccessLog: cfg.AccessLog})
+	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: decisions, Store: opened.Kind, AccessLog: cfg.AccessLog})
 	// Every part calls the store through its measure: one place times and
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
@@ -457,6 +467,16 @@ func (inst *instance) logStart() {
 	if cfg.ControlAuth == authNone {
 		warnOpen(log, lns.control.Addr().String(), isLoopback(lns.control.Addr()))
 	}
+}
+
+// redisLogger is go-redis's log (its pool's and its reconnects' lines) in
+// serve's, as warnings of component redis. Their text varies (addresses,
+// attempts), so it is an attribute: one message, which a store that is
+// down repeats once a window.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "said", strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 
 // metricsOnly serves /metrics and nothing else: the listener a scraper
