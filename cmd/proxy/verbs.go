@@ -40,8 +40,8 @@ type verbOpts struct {
 	// runs
 	prefix, since, sort string
 	limit               int
-	version   int64
-	status    string
+	version             int64
+	status              string
 	// resolve
 	applied, notApplied bool
 	note, source        string
