@@ -455,7 +455,12 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	}
 	ex.status = resp.StatusCode
 	closeBody(ex.body)
-	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	// An upgraded connection carries new requests both ways: it is cut at
+	// the cancel whatever its method. An answer that streams (SSE, NDJSON)
+	// is the answer of its request like any other: whether it is cut at
+	// once or drains is the request's (its method, its destination's
+	// effects), never the answer's format.
+	if resp.StatusCode == http.StatusSwitchingProtocols {
 		f.streaming.Store(true)
 	}
 	f.answered.Store(true)
