@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stopgate_decisions_total",
-			Help: "Decisions at a boundary (http, tunnel, browser, claim, retry, custom, delivery) by result (admitted, refused, finished, cut).",
+			Help: "Decisions at a boundary (http, tunnel, browser, claim, retry, custom, delivery) by result (admitted, refused, finished, cut, would_deny).",
 		}, []string{"boundary", "result"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stopgate_refusals_total",
