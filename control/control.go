@@ -95,6 +95,8 @@ type Options struct {
 	// Transparent makes the bindings of /v1/transparent/bindings; nil
 	// answers 404 transparent_off.
 	Transparent TransparentBinder
+	// ReloadPolicy serves POST /v1/policy/reload; nil answers 404.
+	ReloadPolicy PolicyReloader
 }
 
 // Handler serves the API. Create it with New.
@@ -106,6 +108,7 @@ type Handler struct {
 	tokens       *runtoken.Signer
 	endpointInfo Endpoints
 	transparent  TransparentBinder
+	reload       PolicyReloader
 	creds        credentials
 	drain        time.Duration
 	storeTimeout time.Duration
@@ -136,6 +139,7 @@ func New(opts Options) (*Handler, error) {
 		tokens:       opts.Tokens,
 		endpointInfo: opts.Endpoints,
 		transparent:  opts.Transparent,
+		reload:       opts.ReloadPolicy,
 		creds:        creds,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
@@ -204,6 +208,7 @@ func (h *Handler) routes() {
 		{http.MethodPost, "/v1/transparent/bindings", accessOperate, "bind a uid to a run", h.bind},
 		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", accessOperate, "renew a binding", h.renewBinding},
 		{http.MethodDelete, "/v1/transparent/bindings/{id}", accessOperate, "remove a binding", h.unbind},
+		{http.MethodPost, "/v1/policy/reload", accessOperate, "reload the policy", h.reloadPolicy},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {

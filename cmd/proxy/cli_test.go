@@ -10,9 +10,11 @@ import (
 	"maps"
 	"net/http/httptest"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -296,7 +298,28 @@ func TestVerbs(t *testing.T) {
 	}
 
 	h.want(t, []string{"status", "nope"}, 1, "", "run nope not found")
-	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was never admitted: recorded CANCELLED at cancel_version 2", "")
+	// A typo is not a stop: the tombstone is written, but cancel says no
+	// run was stopped and exits 4, unless the tombstone is meant.
+	h.want(t, []string{"cancel", "ghost"}, exitTombstone, "ghost was never admitted: recorded CANCELLED at cancel_version 2",
+		"ghost was never admitted: no run of that id was stopped")
+	h.want(t, []string{"admit", "ghost"}, 1, "", "run_not_active: run ghost is CANCELLED")
+	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was already CANCELLED at cancel_version 2; nothing changed", "")
+	h.want(t, []string{"cancel", "ghost2", "--tombstone"}, 0, "ghost2 was never admitted: recorded CANCELLED at cancel_version 2", "")
+	out = h.want(t, []string{"cancel", "ghost3", "--json"}, exitTombstone, `"tombstone":true`, "never admitted")
+	if strings.Count(out, "\n") != 1 {
+		t.Errorf("cancel --json of a tombstone: %s", out)
+	}
+
+	// runs: by id prefix, time, order and count.
+	out = h.want(t, []string{"runs", "--prefix", "ghost", "--sort", "updated", "--limit", "2"}, 0, "… and 1 more (--limit 2)", "")
+	if !strings.Contains(out, "ghost3") || !strings.Contains(out, "ghost2") || strings.Contains(out, "ghost ") || strings.Index(out, "ghost3") > strings.Index(out, "ghost2") {
+		t.Errorf("runs --prefix ghost --sort updated --limit 2: want ghost3 then ghost2:\n%s", out)
+	}
+	h.want(t, []string{"runs", "--since", "1h", "--prefix", "r"}, 0, "r2", "")
+	h.want(t, []string{"runs", "--since", "2999-01-01T00:00:00Z"}, 0, "no runs", "")
+	h.want(t, []string{"runs", "--since", "yesterday"}, exitUsage, "", "--since: \"yesterday\" is neither an RFC 3339 time")
+	h.want(t, []string{"runs", "--sort", "name"}, exitUsage, "", "--sort \"name\": want id, updated or created")
+	h.want(t, []string{"runs", "--limit", "-1"}, exitUsage, "", "--limit")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -467,7 +490,8 @@ func TestCancelWait(t *testing.T) {
 	})
 
 	t.Run("Tombstone", func(t *testing.T) {
-		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, 0, `"status":"CANCELLED"`, "")
+		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, exitTombstone, `"status":"CANCELLED"`, "never admitted")
+		h.want(t, []string{"cancel", "never-seen-2", "--wait", "--json", "--tombstone"}, 0, `"status":"CANCELLED"`, "")
 	})
 
 	t.Run("Unknown", func(t *testing.T) {
@@ -507,5 +531,23 @@ func TestSafeText(t *testing.T) {
 	}
 	if got := safe("plain reason"); got != "plain reason" {
 		t.Errorf("plain text changed: %q", got)
+	}
+}
+
+// TestActorWithoutUSERIsTheOSUser: with $USER unset (cron, systemd, a
+// container), the audit log still names who ran the CLI: the OS's name for
+// this process's user, not a bare "cli".
+func TestActorWithoutUSERIsTheOSUser(t *testing.T) {
+	c := newCLI(io.Discard, io.Discard, func(string) string { return "" })
+	u, err := user.Current()
+	want := "cli:uid-" + strconv.Itoa(os.Getuid())
+	if err == nil && u.Username != "" {
+		want = "cli:" + u.Username
+	}
+	if got := c.actor(); got != want {
+		t.Fatalf("actor() = %q, want %q", got, want)
+	}
+	if got := newCLI(io.Discard, io.Discard, func(k string) string { return map[string]string{"USER": "alice"}[k] }).actor(); got != "cli:alice" {
+		t.Fatalf("actor() with USER=alice = %q", got)
 	}
 }

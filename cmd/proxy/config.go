@@ -63,6 +63,11 @@ type serveConfig struct {
 	// LogFormat is text (logfmt-like, for a terminal) or json (for a log
 	// pipeline): every decision is one line either way.
 	LogFormat string
+	// AccessLog writes one line per proxied request at info.
+	AccessLog bool
+	// MetricsAddr is a listener serving /metrics alone (the scraper's,
+	// apart from the control API); empty: none.
+	MetricsAddr string
 	// LeaseTTL is how long an in-flight effect stays leased to this
 	// instance without renewal; a killed instance's effects turn UNKNOWN then.
 	LeaseTTL time.Duration
@@ -152,6 +157,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(boolValue{&cfg.AutoAdmit}, "auto-admit", "admit an unseen run on its first request")
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "`format` of the log: text or json (one object per line)")
+	fs.Var(boolValue{&cfg.AccessLog}, "access-log", "log one line per proxied request at info (msg=access): run, method, host, intent, recorded state, status, bytes each way, upstream latency, duration")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "listen address (host:port) of a listener that serves /metrics and nothing else, for a scraper that must not reach the control API; empty: /metrics is on the control API only")
 	cfg.LeaseTTL = 15 * time.Second
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
 	cfg.StoreTimeout = state.DefaultTimeout
@@ -261,6 +268,16 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr} {
 		if c.BrowserAddr == other {
 			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
+		}
+	}
+	if c.MetricsAddr != "" {
+		if err := checkAddr(c.MetricsAddr); err != nil {
+			return bad("metrics-addr", "%q: %v", c.MetricsAddr, err)
+		}
+		for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr, "transparent": c.TransparentAddr} {
+			if c.MetricsAddr == other {
+				return bad("metrics-addr", "%q is also the %s address; the listeners need different ports", c.MetricsAddr, name)
+			}
 		}
 	}
 	if c.TransparentAddr == "" {

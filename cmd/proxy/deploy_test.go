@@ -56,7 +56,7 @@ func TestShippedExamplePolicyStartsAsIs(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/readyz: %d\n%s", resp.StatusCode, s.Log())
 	}
-	if want := "pass_through=1 delivery=2 lookups=1"; !strings.Contains(s.Log(), want) || len(pol.Delivery) != 2 {
+	if want := "pass_through=1 delivery=2 effects=10 lookups=1"; !strings.Contains(s.Log(), want) || len(pol.Delivery) != 2 {
 		t.Fatalf("serve did not start on the example's rules (want %q in its log):\n%s", want, s.Log())
 	}
 }
@@ -585,8 +585,14 @@ func TestDeployAgentPodWiring(t *testing.T) {
 		t.Errorf("worker: %s is not the fleet CA's certificate: %v", ssl.Value, err)
 	}
 
-	// Nothing in the agent pod is exposed: no ports, no Service.
+	// Nothing in the agent pod is exposed but the sidecar's metrics port,
+	// which serves /metrics alone (--metrics-addr): no other port, no Service.
+	sidecarCfg := f.serveConfigOf(t, spec, sidecar)
 	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		_, mport, _ := net.SplitHostPort(sidecarCfg.MetricsAddr)
+		if c.Name == "stopgate" && len(c.Ports) == 1 && c.Ports[0].Name == "metrics" && fmt.Sprint(c.Ports[0].ContainerPort) == mport {
+			continue
+		}
 		if len(c.Ports) != 0 {
 			t.Errorf("agent pod: %s declares ports %v", c.Name, c.Ports)
 		}
@@ -623,8 +629,11 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 		t.Fatalf("no Service stopgate-control selecting the control pods")
 	}
 	_, port, _ := net.SplitHostPort(cfg.ControlAddr)
-	if len(c.Ports) != 1 || fmt.Sprint(c.Ports[0].ContainerPort) != port || svc.Spec.Ports[0].TargetPort.String() != c.Ports[0].Name {
+	if len(c.Ports) != 2 || fmt.Sprint(c.Ports[0].ContainerPort) != port || svc.Spec.Ports[0].TargetPort.String() != c.Ports[0].Name {
 		t.Errorf("control: the Service and the container port do not lead to the control API's port %s", port)
+	}
+	if _, mport, _ := net.SplitHostPort(cfg.MetricsAddr); c.Ports[1].Name != "metrics" || fmt.Sprint(c.Ports[1].ContainerPort) != mport {
+		t.Errorf("control: want the port named metrics on --metrics-addr %q, got %v", cfg.MetricsAddr, c.Ports[1])
 	}
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("control: want a readiness probe on /readyz (the store answers)")
@@ -738,11 +747,34 @@ func TestDeployNetworkPolicies(t *testing.T) {
 	pods := f.pods()
 	operators := labels.Set{"stopgate-operator": "true", "kubernetes.io/metadata.name": "ops"}
 	others := labels.Set{"kubernetes.io/metadata.name": "default"}
+	scraperNS, scraper := labels.Set{"kubernetes.io/metadata.name": "monitoring"}, labels.Set{"app.kubernetes.io/name": "prometheus"}
+	// scrapeOnly: the rule lets the scraper alone reach the metrics port alone.
+	scrapeOnly := func(rule networkingv1.NetworkPolicyIngressRule) bool {
+		if len(rule.Ports) != 1 || rule.Ports[0].Port.IntValue() != 9090 || len(rule.From) == 0 {
+			return false
+		}
+		for _, peer := range rule.From {
+			ns, err1 := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+			pod, err2 := metav1.LabelSelectorAsSelector(peer.PodSelector)
+			if peer.NamespaceSelector == nil || peer.PodSelector == nil || err1 != nil || err2 != nil ||
+				!ns.Matches(scraperNS) || ns.Matches(others) || !pod.Matches(scraper) || pod.Matches(labels.Set{"app": "anything-else"}) {
+				return false
+			}
+		}
+		return true
+	}
+	scraped := map[string]bool{}
 	for _, p := range f.policies {
 		for _, rule := range p.Spec.Ingress {
+			if scrapeOnly(rule) {
+				for _, kind := range []string{"agent", "control"} {
+					scraped[kind] = scraped[kind] || selects(p, pods[kind].Labels)
+				}
+				continue
+			}
 			switch {
 			case selects(p, pods["agent"].Labels):
-				t.Errorf("policy %s lets something into the agent pods: %v", p.Name, rule)
+				t.Errorf("policy %s lets something into the agent pods but the scraper on the metrics port: %v", p.Name, rule)
 			case selects(p, pods["control"].Labels):
 				for _, peer := range rule.From {
 					ns, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
@@ -773,6 +805,9 @@ func TestDeployNetworkPolicies(t *testing.T) {
 		if selects(p, pods["redis"].Labels) && len(p.Spec.Egress) != 0 {
 			t.Errorf("policy %s: Redis may initiate connections", p.Name)
 		}
+	}
+	if !scraped["agent"] || !scraped["control"] {
+		t.Errorf("the scraper cannot reach the metrics port of the agent pods (%v) or the control pods (%v)", scraped["agent"], scraped["control"])
 	}
 }
 
@@ -945,6 +980,9 @@ func TestDeployDockerfile(t *testing.T) {
 // composeFile is the part of docker-compose.yml the test reads.
 type composeFile struct {
 	Services map[string]struct {
+		Build struct {
+			Target string `yaml:"target"`
+		} `yaml:"build"`
 		Image       string            `yaml:"image"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
@@ -991,7 +1029,11 @@ func TestDeployCompose(t *testing.T) {
 	cfgs := map[string]serveConfig{}
 	for _, name := range []string{"stopgate-a", "stopgate-b"} {
 		svc := c.Services[name]
-		envs := dockerfileEnv(t, imageStage("stopgate"))
+		stage := "stopgate"
+		if svc.Build.Target != "" {
+			stage = svc.Build.Target
+		}
+		envs := dockerfileEnv(t, stage)
 		for k, v := range svc.Environment {
 			envs[k] = v
 		}
@@ -1011,6 +1053,11 @@ func TestDeployCompose(t *testing.T) {
 	}
 	if cfgs["stopgate-a"].Store != cfgs["stopgate-b"].Store {
 		t.Errorf("the two instances do not share a store")
+	}
+	// The browser image is used: the agent's sidecar can start a guarded
+	// Chromium for its run.
+	if c.Services["stopgate-a"].Build.Target != "browser" || cfgs["stopgate-a"].Chromium != "/usr/bin/chromium" {
+		t.Errorf("stopgate-a: want the browser image, with its Chromium: target %q, chromium %q", c.Services["stopgate-a"].Build.Target, cfgs["stopgate-a"].Chromium)
 	}
 	if !isLoopbackAddr(cfgs["stopgate-a"].ControlAddr) || len(c.Services["stopgate-a"].Ports) != 0 {
 		t.Errorf("stopgate-a: the agent's sidecar opens its control API or publishes a port")
