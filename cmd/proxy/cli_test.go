@@ -304,7 +304,11 @@ func TestVerbs(t *testing.T) {
 		"ghost was never admitted: no run of that id was stopped")
 	h.want(t, []string{"admit", "ghost"}, 1, "", "run_not_active: run ghost is CANCELLED")
 	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was already CANCELLED at cancel_version 2; nothing changed", "")
+	// Each tombstone in a millisecond of its own, so that --sort updated
+	// below has an order to show.
+	time.Sleep(2 * time.Millisecond)
 	h.want(t, []string{"cancel", "ghost2", "--tombstone"}, 0, "ghost2 was never admitted: recorded CANCELLED at cancel_version 2", "")
+	time.Sleep(2 * time.Millisecond)
 	out = h.want(t, []string{"cancel", "ghost3", "--json"}, exitTombstone, `"tombstone":true`, "never admitted")
 	if strings.Count(out, "\n") != 1 {
 		t.Errorf("cancel --json of a tombstone: %s", out)
