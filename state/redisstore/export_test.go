@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -111,4 +113,26 @@ func (s *Store) CallRuns(ctx context.Context, runs []string, steps [][]BatchStep
 		}
 	}
 	return out, nil
+}
+
+// ClientPassword is the password the go-redis client built for raw, with
+// password given apart, authenticates with: for a Sentinel URL, to the
+// master; for a cluster, to every node.
+func ClientPassword(raw, password string) (string, error) {
+	t, err := parseURL(raw)
+	if err != nil {
+		return "", err
+	}
+	if err := t.withPassword(password); err != nil {
+		return "", err
+	}
+	c := newClient(t, DefaultOpTimeout)
+	defer c.Close()
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.Options().Password, nil
+	case *redis.Client:
+		return c.Options().Password, nil
+	}
+	return "", fmt.Errorf("a %T", c)
 }

@@ -47,6 +47,16 @@ type Options struct {
 	// OutcomeDelay bounds how long an outcome queued by FinishLater waits
 	// for a call to ride with (state.OutcomeDelay when zero).
 	OutcomeDelay time.Duration
+
+	// The store's marker (marker.go): CheckInterval is how often it is read
+	// in the background (DefaultCheckInterval when zero); MarkerFile, if
+	// set, keeps what this instance saw of it across restarts.
+	CheckInterval time.Duration
+	MarkerFile    string
+	// Password, when set, authenticates to the data nodes whatever the
+	// URL's form (from a file or the environment, not the command line); a
+	// URL that has a password too is refused.
+	Password string
 }
 
 // Store is a state.Store on Redis. It is safe for concurrent use.
@@ -60,6 +70,7 @@ type Store struct {
 	cancelReplicas int
 	log            *slog.Logger
 	addr           string // for messages: the URL with the password hidden
+	tgt            target // what the URL names, for Exposure's probe
 
 	// known holds ids whose row this process has seen exist; see index.go.
 	known knownRuns
@@ -67,6 +78,9 @@ type Store struct {
 	mu     sync.Mutex
 	closed bool
 	subs   map[*redis.PubSub]struct{}
+
+	// mark is what this instance saw of the store's marker (marker.go).
+	mark markerWatch
 }
 
 var _ state.Store = (*Store)(nil)
@@ -80,8 +94,14 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", state.ErrInvalid, err)
 	}
+	if err := t.withPassword(opts.Password); err != nil {
+		return nil, fmt.Errorf("%w: store URL %q: %w", state.ErrInvalid, Redact(url), err)
+	}
 	if opts.OpTimeout < 0 {
 		return nil, fmt.Errorf("%w: op timeout %s is negative", state.ErrInvalid, opts.OpTimeout)
+	}
+	if opts.CheckInterval < 0 {
+		return nil, fmt.Errorf("%w: marker check interval %s is negative", state.ErrInvalid, opts.CheckInterval)
 	}
 	if opts.OpTimeout == 0 {
 		opts.OpTimeout = DefaultOpTimeout
@@ -99,7 +119,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		addr:           Redact(url),
 		subs:           map[*redis.PubSub]struct{}{},
 	}
-	s.rdb = newClient(t, opts.OpTimeout)
+	s.rdb, s.tgt = newClient(t, opts.OpTimeout), t
 	s.scripter = onceScripter{rdb: s.rdb}
 	// A cluster keeps each run on its own slot: a call carries one run.
 	_, s.batches.perRun = s.rdb.(*redis.ClusterClient)
@@ -115,6 +135,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
 	if err := s.migrate(mctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	if err := s.openMarker(mctx, opts); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
@@ -464,8 +488,14 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	if err := req.Validate(); err != nil {
 		return state.AdmitResult{}, err
 	}
+	if err := s.refuseWhileReset("admit", req.RunID); err != nil {
+		return state.AdmitResult{}, err
+	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
+	if err := s.beforeCreate(ctx, "admit", req.RunID); err != nil {
+		return state.AdmitResult{}, err
+	}
 	if err := s.index(ctx, "admit", req.RunID, indexCreate); err != nil {
 		return state.AdmitResult{}, err
 	}
@@ -594,22 +624,35 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
+	if err := s.refuseWhileReset("guard", req.RunID); err != nil {
+		return state.GuardResult{}, err
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	req = req.Fenced(ctx)
 	// Only an auto-admitting guard can create the row; once this process
-	// has seen the row, its index entry exists and the extra round trip is
-	// skipped (the hot path).
-	if req.AutoAdmit && !s.known.has(req.RunID) {
+	// has seen the row, its index entry exists and the extra round trips
+	// (the marker, the index) are skipped (the hot path).
+	seen := s.known.has(req.RunID)
+	if req.AutoAdmit && !seen {
+		if err := s.markerHolds(ctx, "guard", req.RunID); err != nil {
+			return state.GuardResult{}, err
+		}
 		if err := s.index(ctx, "guard", req.RunID, indexCreate); err != nil {
 			return state.GuardResult{}, err
 		}
 	}
+	// A row seen once is never created again: gone, it was lost (marker.go).
+	req.AutoAdmit = req.AutoAdmit && !seen
 	r, err := s.batches.do(ctx, s, req.RunID, "guard", 'g', guardArgs(req))
 	if err != nil {
 		return state.GuardResult{}, err
 	}
-	return s.guardResult(ctx, req, r)
+	res, err := s.guardResult(ctx, req, r)
+	if err == nil && seen && res.Refusal == state.RefusalRunNotAdmitted {
+		return state.GuardResult{}, s.rowGone(ctx, "guard", req.RunID)
+	}
+	return res, err
 }
 
 // stepArgs are one step's arguments for the batch program: its own, and
@@ -1047,20 +1090,23 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	return out, nil
 }
 
-// Ping reports whether Redis answers within OpTimeout.
+// Ping reports whether Redis answers within OpTimeout, and is
+// state.ErrInconsistent while the store's marker says reset: an instance
+// that admits nothing is not ready.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return s.fail("ping", "", err)
 	}
-	return nil
+	return s.refuseWhileReset("ping", "")
 }
 
 // Close writes the outcomes queued by FinishLater (waiting at most
 // OpTimeout), ends the cancel subscriptions and closes the client. Later
 // calls return nil.
 func (s *Store) Close() error {
+	s.stopMarker()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	s.batches.settle(ctx, s)
 	cancel()
