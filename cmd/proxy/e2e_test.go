@@ -272,8 +272,8 @@ func TestServeRefusesBadConfig(t *testing.T) {
 // the store, not in a process; killing both processes does not undo it.
 func TestCancelSurvivesKill9OfStopgateAndRedis(t *testing.T) {
 	t.Run("Redis", func(t *testing.T) {
-		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
-		s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
+		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true, Password: testRedisPassword})
+		s := startServe(t, "--store", "redis://"+redis.Addr()+"/0", "--store-password-file", passwordFile(t), "--require-durable", "--data-dir", t.TempDir())
 		if !strings.Contains(s.Log(), "durable=true") {
 			t.Errorf("serve did not report the Redis persistence:\n%s", s.Log())
 		}
