@@ -311,7 +311,7 @@ func crashAndCheck(t *testing.T, s *server, crashStore func()) {
 func TestRequireDurableRefusesRedisWithoutFsync(t *testing.T) {
 	redis := redisserver.Start(t, redisserver.Options{})
 	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
-		"--store", redis.URL(), "--require-durable")
+		"--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
 	if code != exitError || !strings.Contains(errOut, "--require-durable") {
 		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, exitError, errOut)
 	}
