@@ -209,6 +209,7 @@ func (h *Handler) routes() {
 		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", accessOperate, "renew a binding", h.renewBinding},
 		{http.MethodDelete, "/v1/transparent/bindings/{id}", accessOperate, "remove a binding", h.unbind},
 		{http.MethodPost, "/v1/policy/reload", accessOperate, "reload the policy", h.reloadPolicy},
+		{http.MethodPost, AcknowledgeResetPath, accessOperate, "acknowledge a store reset", h.acknowledgeReset},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {

@@ -53,6 +53,9 @@ const (
 	IntentNotInFlight Code = state.ConflictNotInFlight
 	IntentNotUnknown  Code = state.ConflictNotUnknown
 	StaleAttempt      Code = state.ConflictStaleAttempt
+	// StoreNotReset: control API, an acknowledgement of a reset of a store
+	// whose marker does not say reset.
+	StoreNotReset Code = "store_not_reset"
 
 	// Who is asking.
 	NoRunIdentity  Code = "no_run_identity"  // no run named where one is needed
@@ -113,7 +116,7 @@ const StatusClientClosed = 499
 func (c Code) Status() int {
 	switch c {
 	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress, KeyReused,
-		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound:
+		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound, StoreNotReset:
 		return http.StatusConflict
 	case PolicyInvalid:
 		return http.StatusUnprocessableEntity
@@ -308,6 +311,10 @@ func FromError(err error) *Refusal {
 		return Wrap(err, InvalidRequest, "%v", err)
 	case errors.Is(err, state.ErrNotFound):
 		return Wrap(err, NotFound, "%v", err)
+	case errors.Is(err, state.ErrInconsistent):
+		// Before ErrUnavailable, which it wraps: the store answered, and
+		// its error says what it lost and the way out.
+		return Wrap(err, StoreUnavailable, "nothing was done (fail closed): %v", err)
 	case errors.Is(err, state.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return Wrap(err, StoreUnavailable, "the run state store did not answer in time, so nothing was done (fail closed): %v", err)
 	}

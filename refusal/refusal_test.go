@@ -28,6 +28,7 @@ func TestFromErrorClassifies(t *testing.T) {
 		{"not found", fmt.Errorf("run x: %w", state.ErrNotFound), refusal.NotFound},
 		{"unavailable", fmt.Errorf("redis guard: %w: dial refused", state.ErrUnavailable), refusal.StoreUnavailable},
 		{"deadline", fmt.Errorf("guard: %w", context.DeadlineExceeded), refusal.StoreUnavailable},
+		{"inconsistent", fmt.Errorf("redis guard: %w: the store was marked reset", state.ErrInconsistent), refusal.StoreUnavailable},
 		{"caller gone", fmt.Errorf("filestore: guard: %w: %w", state.ErrUnavailable, context.Canceled), refusal.ClientGone},
 		{"conflict", fmt.Errorf("complete: %w", &state.Conflict{Code: state.RefusalStaleVersion, Run: row}), refusal.StaleVersion},
 		{"refusal", fmt.Errorf("edge: %w", refusal.New(refusal.DestinationDenied, "no")), refusal.DestinationDenied},
@@ -79,7 +80,7 @@ func TestGuardRefusalBody(t *testing.T) {
 func TestEveryCodeHasAClientErrorOrServerErrorStatus(t *testing.T) {
 	for _, c := range []refusal.Code{
 		refusal.RunNotActive, refusal.StaleVersion, refusal.RunNotAdmitted, refusal.IntentInProgress, refusal.KeyReused,
-		refusal.IntentNotInFlight, refusal.IntentNotUnknown, refusal.StaleAttempt, refusal.NoRunIdentity, refusal.BadRunIdentity,
+		refusal.IntentNotInFlight, refusal.IntentNotUnknown, refusal.StaleAttempt, refusal.StoreNotReset, refusal.NoRunIdentity, refusal.BadRunIdentity,
 		refusal.Unauthorized, refusal.BadSignature, refusal.Forbidden, refusal.InvalidRequest, refusal.InvalidJSON,
 		refusal.UnknownField, refusal.BadRequestBody, refusal.BodyTooLarge, refusal.UnsupportedMediaType, refusal.NotAProxyRequest,
 		refusal.NotFound, refusal.MethodNotAllowed, refusal.DestinationDenied, refusal.InterceptionDisabled,

@@ -538,6 +538,18 @@ var (
 	ErrUnavailable = errors.New("store unavailable")
 )
 
+// ErrInconsistent is a store that knows it has lost writes it once
+// acknowledged (emptied, rolled back, a row gone), so that a cancel it held
+// may be gone too and no admission can be trusted. It wraps ErrUnavailable:
+// every edge refuses with 503 (fail closed) until an operator acknowledges
+// the loss. A store's error says which loss, and the way out.
+var ErrInconsistent error = inconsistent{}
+
+type inconsistent struct{}
+
+func (inconsistent) Error() string { return "store lost acknowledged writes" }
+func (inconsistent) Unwrap() error { return ErrUnavailable }
+
 // Conflict is a transition refused by the row's current state.
 type Conflict struct {
 	// Code is a Refusal* reason or one of the Conflict* codes.

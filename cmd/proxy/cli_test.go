@@ -134,6 +134,34 @@ func TestServeConfig(t *testing.T) {
 	if err != nil || cfg.SecretsOnCommandLine != "--control-token" {
 		t.Errorf("--control-token on the command line: %q %v", cfg.SecretsOnCommandLine, err)
 	}
+	// The Redis password: from a file or the environment, for every URL
+	// form; a password in --store on the command line is named for the
+	// warning, the same URL in STOPGATE_STORE is not.
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", tokenFile}, nil},
+		{[]string{"--store", "redis-cluster://n1:7000,n2:7001"}, map[string]string{"STOPGATE_STORE_PASSWORD": "file-0123456789abcd"}},
+		{nil, map[string]string{"STOPGATE_STORE": "redis-sentinel://s1:26379/0?master=m", "STOPGATE_STORE_PASSWORD_FILE": tokenFile}},
+	} {
+		cfg, err = parseServeConfig(tc.args, env(tc.env))
+		if err != nil || cfg.storeConfig().Password != "file-0123456789abcd" || cfg.SecretsOnCommandLine != "" {
+			t.Errorf("store password %q %v: %q (on the command line %q) %v", tc.args, tc.env, cfg.StorePassword, cfg.SecretsOnCommandLine, err)
+		}
+	}
+	cfg, err = parseServeConfig([]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, env(nil))
+	if err != nil || cfg.SecretsOnCommandLine != "--store" {
+		t.Errorf("a password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
+	}
+	cfg, err = parseServeConfig([]string{"--store", "redis-sentinel://s1:26379/0?master=m&sentinel_password=hunter2"}, env(nil))
+	if err != nil || cfg.SecretsOnCommandLine != "--store" {
+		t.Errorf("a sentinel password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
+	}
+	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_STORE": "redis://:hunter2@127.0.0.1:6379/0"}))
+	if err != nil || cfg.SecretsOnCommandLine != "" {
+		t.Errorf("a password in STOPGATE_STORE: %q %v", cfg.SecretsOnCommandLine, err)
+	}
 
 	bad := []struct {
 		args []string
@@ -188,6 +216,11 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--control-token-file", emptyFile}, nil, "--control-token-file: the secret in " + emptyFile + " is empty"},
 		{[]string{"--read-token-file", emptyFile}, nil, "--read-token-file: the secret in"},
 		{nil, map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile}, "STOPGATE_RUN_TOKEN_SECRET_FILE: is 19 bytes; want at least 32"},
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", "/nonexistent/pw"}, nil, "--store-password-file: open /nonexistent/pw"},
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", emptyFile}, nil, "--store-password-file: the secret in"},
+		{[]string{"--store-password-file", tokenFile}, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "--store-password-file and STOPGATE_STORE_PASSWORD are both set"},
+		{[]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, map[string]string{"STOPGATE_STORE_PASSWORD": "other-pw"}, "--store: store URL \"redis://:xxxxx@127.0.0.1:6379/0\": it has a password"},
+		{nil, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "STOPGATE_STORE_PASSWORD: a store password needs a Redis store URL"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))

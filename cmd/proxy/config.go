@@ -37,8 +37,13 @@ type serveConfig struct {
 	// BrowserMax caps the browsers running at once.
 	BrowserMax int
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
-	Store   string
-	DataDir string
+	Store string
+	// StorePassword authenticates to Redis in place of a password in the
+	// URL: from StorePasswordFile, or STOPGATE_STORE_PASSWORD (there is no
+	// flag: a command line shows it to every user of the machine).
+	StorePassword     string
+	StorePasswordFile string
+	DataDir           string
 	// Config is the YAML policy file; empty means none.
 	Config string
 	// Run is the static run every proxied request belongs to when it names
@@ -124,7 +129,7 @@ func (c serveConfig) logger(w io.Writer) *slog.Logger {
 
 // storeConfig is the store serve opens.
 func (c serveConfig) storeConfig() stores.Config {
-	return stores.Config{URL: c.Store, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
+	return stores.Config{URL: c.Store, Password: c.StorePassword, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
 }
 
 // newServeFlags defines serve's flags, with their defaults, on a fresh set.
@@ -142,6 +147,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.BrowserLinger}, "browser-linger", "`duration` the browser of a run that is over stays up (actions refused, reads served) before it is stopped")
 	fs.IntVar(&cfg.BrowserMax, "browser-max", browserguard.DefaultMaxBrowsers, "most browsers running at once; a launch past it is refused (503 browser_limit)")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
+	fs.StringVar(&cfg.StorePasswordFile, "store-password-file", "", "`file` holding the Redis password, for any --store URL form (or STOPGATE_STORE_PASSWORD; never in --store on a command line, where ps shows it)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
 	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
@@ -187,6 +193,9 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	return fs, cfg
 }
 
+// storePasswordEnv holds the Redis password; there is no --store-password.
+const storePasswordEnv = "STOPGATE_STORE_PASSWORD"
+
 // envName is the variable that sets a serve flag: --control-addr is
 // STOPGATE_CONTROL_ADDR.
 func envName(flagName string) string {
@@ -214,6 +223,9 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 			onCommandLine = append(onCommandLine, "--"+name)
 		}
 	}
+	if source["store"] != "" && stores.HasSecret(cfg.Store) {
+		onCommandLine = append(onCommandLine, "--store")
+	}
 	cfg.SecretsOnCommandLine = strings.Join(onCommandLine, ",")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -234,6 +246,10 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 	if envErr != nil {
 		return serveConfig{}, envErr
 	}
+	// The password's variable has no flag: it is read here, apart.
+	if cfg.StorePassword = getenv(storePasswordEnv); cfg.StorePassword != "" {
+		source["store-password"] = storePasswordEnv
+	}
 	if err := cfg.validate(source); err != nil {
 		return serveConfig{}, err
 	}
@@ -243,6 +259,9 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 func (c *serveConfig) validate(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
 		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+	}
+	if err := c.readStorePassword(source); err != nil {
+		return err
 	}
 	for _, check := range []func(badFlag) error{c.checkListeners, c.checkStore, c.checkFiles, c.checkDurations, c.checkLimits} {
 		if err := check(bad); err != nil {
@@ -294,6 +313,23 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 	return nil
 }
 
+// readStorePassword reads the Redis password from its file, and checks it
+// is given once: before checkStore, which checks it against the URL.
+func (c *serveConfig) readStorePassword(source map[string]string) error {
+	if c.StorePasswordFile == "" {
+		return nil
+	}
+	if c.StorePassword != "" {
+		return usagef("serve", "%s and %s are both set; give one", source["store-password-file"], storePasswordEnv)
+	}
+	secret, _, err := control.ReadSecretFile(c.StorePasswordFile)
+	if err != nil {
+		return usagef("serve", "%s: %v", source["store-password-file"], err)
+	}
+	c.StorePassword, source["store-password"] = secret, source["store-password-file"]
+	return nil
+}
+
 // checkStore: the store's URL or directory, and what is asked of it.
 func (c *serveConfig) checkStore(bad badFlag) error {
 	if c.CancelReplicas < 0 {
@@ -304,7 +340,10 @@ func (c *serveConfig) checkStore(bad badFlag) error {
 	}
 	if err := stores.Check(c.storeConfig()); err != nil {
 		name := "store"
-		if c.Store == "" {
+		switch {
+		case c.Store == "" && c.StorePassword != "":
+			name = "store-password"
+		case c.Store == "":
 			name = "data-dir"
 		}
 		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))

@@ -644,11 +644,16 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 	if redisSvc == nil || !labels.SelectorFromSet(redisSvc.Spec.Selector).Matches(labels.Set(f.redis.Spec.Template.Labels)) {
 		t.Fatalf("the Redis StatefulSet's serviceName %q is not a Service selecting its pods", f.redis.Spec.ServiceName)
 	}
-	want := fmt.Sprintf("@%s.%s.svc:%d/", redisSvc.Name, redisSvc.Namespace, redisSvc.Spec.Ports[0].Port)
+	want := fmt.Sprintf("redis://%s.%s.svc:%d/", redisSvc.Name, redisSvc.Namespace, redisSvc.Spec.Ports[0].Port)
 	sidecar, _ := findContainer(f.job.Spec.Template.Spec.InitContainers, "stopgate")
-	for name, store := range map[string]string{"control": cfg.Store, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar).Store} {
-		if !strings.Contains(store, want) {
-			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(store), want)
+	redisPassword := f.redis.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
+	for name, sc := range map[string]serveConfig{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
+		if !strings.HasPrefix(sc.Store, want) {
+			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(sc.Store), want)
+		}
+		// The password Redis asks, apart from the URL.
+		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || stores.HasSecret(sc.Store) {
+			t.Errorf("%s: the store password is not Redis's, from its Secret, apart from the URL", name)
 		}
 	}
 	if len(f.redis.Spec.VolumeClaimTemplates) != 1 {
@@ -1025,6 +1030,17 @@ func TestDeployCompose(t *testing.T) {
 	redis := strings.Join(c.Services["redis"].Command, " ")
 	if !strings.Contains(redis, "--appendonly yes") || !strings.Contains(redis, "--appendfsync always") {
 		t.Errorf("redis: %q, want AOF with appendfsync always", redis)
+	}
+	// Redis asks a password, which only the stopgate instances are given.
+	password := c.Services["redis"].Environment["REDIS_PASSWORD"]
+	if !strings.Contains(redis, "requirepass") || !strings.Contains(redis, "$$REDIS_PASSWORD") || !strings.Contains(redis, "--maxmemory-policy noeviction") ||
+		!strings.HasPrefix(password, "${STOPGATE_REDIS_PASSWORD:?") {
+		t.Errorf("redis: %q with REDIS_PASSWORD %q, want requirepass from the variable the operator exports, and noeviction", redis, password)
+	}
+	for name, svc := range c.Services {
+		if p := svc.Environment["STOPGATE_STORE_PASSWORD"]; (p != "") != strings.HasPrefix(name, "stopgate-") || (p != "" && p != "${STOPGATE_REDIS_PASSWORD}") {
+			t.Errorf("%s: STOPGATE_STORE_PASSWORD %q: only the stopgate instances get Redis's password", name, p)
+		}
 	}
 	cfgs := map[string]serveConfig{}
 	for _, name := range []string{"stopgate-a", "stopgate-b"} {

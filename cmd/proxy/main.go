@@ -197,6 +197,8 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.execVerb(ctx, args)
 	case "redirect":
 		return c.redirectVerb(ctx, args)
+	case "store":
+		return c.storeVerb(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -230,7 +232,7 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "serve":
 		fs, _ := newServeFlags()
 		return fs
-	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token":
+	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token", "store":
 		fs, _ := c.verbFlags(verb)
 		return fs
 	case "exec":
@@ -268,6 +270,7 @@ Usage:
                                                run an unmodified agent in a sandbox behind the guard
   stopgate redirect install|remove --uid UID [--port P]
                                                send every TCP connection of UID to the transparent listener
+  stopgate store acknowledge-reset --reason R  admit runs again on a Redis store that lost writes (after re-cancelling)
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL) with a
@@ -310,6 +313,8 @@ func verbUsage(verb string) (string, bool) {
 		return execUsage, true
 	case "redirect":
 		return redirectUsage, true
+	case "store":
+		return storeUsage, true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

@@ -324,6 +324,9 @@ func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.O
 		level = slog.LevelWarn
 	}
 	log.Log(ctx, level, "store: "+opened.Kind, "where", opened.Where, "durable", opened.Durable, "durability", opened.Durability)
+	for _, w := range opened.Warnings {
+		log.Warn("store: "+w, "where", opened.Where)
+	}
 	return opened, nil
 }
 

@@ -85,6 +85,8 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 		})
 		fs.BoolVar(&o.wait, "wait", false, "wait until the run leaves CANCELLING, then summarize")
 		fs.BoolVar(&o.tombstone, "tombstone", false, "RUN may be an id never seen: its CANCELLED tombstone is meant (without it, that exits 4)")
+	case "store":
+		fs.StringVar(&o.reason, "reason", "", "what was done about the runs the store lost (required), for the store's marker and the log")
 	case "complete":
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version to complete at (default: the run's current one)")
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")

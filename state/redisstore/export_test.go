@@ -1,5 +1,11 @@
 package redisstore
 
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
 // Test access to the key layout: the hash-tag test checks the KEYS every
 // per-run script is given.
 
@@ -14,3 +20,25 @@ const LegacyLiveKey = legacyLiveKey
 
 // PruneGrace is how old a rowless index entry must be to be dropped.
 const PruneGrace = pruneGrace
+
+// ClientPassword is the password the go-redis client built for raw, with
+// password given apart, authenticates with: for a Sentinel URL, to the
+// master; for a cluster, to every node.
+func ClientPassword(raw, password string) (string, error) {
+	t, err := parseURL(raw)
+	if err != nil {
+		return "", err
+	}
+	if err := t.withPassword(password); err != nil {
+		return "", err
+	}
+	c := newClient(t, DefaultOpTimeout)
+	defer c.Close()
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.Options().Password, nil
+	case *redis.Client:
+		return c.Options().Password, nil
+	}
+	return "", fmt.Errorf("a %T", c)
+}

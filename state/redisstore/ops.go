@@ -19,8 +19,14 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	if err := req.Validate(); err != nil {
 		return state.AdmitResult{}, err
 	}
+	if err := s.refuseWhileReset("admit", req.RunID); err != nil {
+		return state.AdmitResult{}, err
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	if err := s.beforeCreate(ctx, "admit", req.RunID); err != nil {
+		return state.AdmitResult{}, err
+	}
 	if err := s.index(ctx, "admit", req.RunID, indexCreate); err != nil {
 		return state.AdmitResult{}, err
 	}
@@ -161,20 +167,32 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
+	if err := s.refuseWhileReset("guard", req.RunID); err != nil {
+		return state.GuardResult{}, err
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	req = req.Fenced(ctx)
 	// Only an auto-admitting guard can create the row; once this process
-	// has seen the row, its index entry exists and the extra round trip is
-	// skipped (the hot path).
-	if req.AutoAdmit && !s.seen.has(req.RunID) {
+	// has seen the row, its index entry exists and the extra round trips
+	// (the marker, the index) are skipped (the hot path).
+	seen := s.seen.has(req.RunID)
+	if req.AutoAdmit && !seen {
+		if err := s.markerHolds(ctx, "guard", req.RunID); err != nil {
+			return state.GuardResult{}, err
+		}
 		if err := s.index(ctx, "guard", req.RunID, indexCreate); err != nil {
 			return state.GuardResult{}, err
 		}
 	}
+	// A row seen once is never created again: gone, it was lost (marker.go).
+	req.AutoAdmit = req.AutoAdmit && !seen
 	var out state.GuardResult
 	if err := s.batches.do(ctx, s, s.guardStep(req, &out)); err != nil {
 		return state.GuardResult{}, err
+	}
+	if seen && out.Refusal == state.RefusalRunNotAdmitted {
+		return state.GuardResult{}, s.rowGone(ctx, "guard", req.RunID)
 	}
 	if !out.Admitted && out.Run.Final() && !out.Run.PrunedAt.IsZero() {
 		// A refusal recorded against a pruned run: retention must find

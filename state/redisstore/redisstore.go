@@ -51,6 +51,16 @@ type Options struct {
 	// decided, and their records dated, in this process. A guard's fence
 	// is still checked by the server's clock.
 	Clock func() time.Time
+
+	// The store's marker (marker.go): CheckInterval is how often it is read
+	// in the background (DefaultCheckInterval when zero); MarkerFile, if
+	// set, keeps what this instance saw of it across restarts.
+	CheckInterval time.Duration
+	MarkerFile    string
+	// Password, when set, authenticates to the data nodes whatever the
+	// URL's form (from a file or the environment, not the command line); a
+	// URL that has a password too is refused.
+	Password string
 }
 
 // Store is a state.Store on Redis. It is safe for concurrent use.
@@ -64,6 +74,7 @@ type Store struct {
 	cancelReplicas int
 	log            *slog.Logger
 	addr           string // for messages: the URL with the password hidden
+	tgt            target // what the URL names, for Exposure's probe
 
 	// seen is what this process last saw of runs (driver.go): a run in it
 	// has a row, so its index entry exists already (index.go).
@@ -73,6 +84,9 @@ type Store struct {
 	mu     sync.Mutex
 	closed bool
 	subs   map[*redis.PubSub]struct{}
+
+	// mark is what this instance saw of the store's marker (marker.go).
+	mark markerWatch
 }
 
 var _ state.Store = (*Store)(nil)
@@ -86,8 +100,14 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", state.ErrInvalid, err)
 	}
+	if err := t.withPassword(opts.Password); err != nil {
+		return nil, fmt.Errorf("%w: store URL %q: %w", state.ErrInvalid, Redact(url), err)
+	}
 	if opts.OpTimeout < 0 {
 		return nil, fmt.Errorf("%w: op timeout %s is negative", state.ErrInvalid, opts.OpTimeout)
+	}
+	if opts.CheckInterval < 0 {
+		return nil, fmt.Errorf("%w: marker check interval %s is negative", state.ErrInvalid, opts.CheckInterval)
 	}
 	if opts.OpTimeout == 0 {
 		opts.OpTimeout = DefaultOpTimeout
@@ -110,7 +130,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.clock == nil {
 		s.clock = time.Now
 	}
-	s.rdb = newClient(t, opts.OpTimeout)
+	s.rdb, s.tgt = newClient(t, opts.OpTimeout), t
 	s.scripter = onceScripter{rdb: s.rdb}
 	// A cluster keeps each run on its own slot: a call carries one run.
 	_, s.batches.perRun = s.rdb.(*redis.ClusterClient)
@@ -126,6 +146,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
 	if err := s.migrate(mctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	if err := s.openMarker(mctx, opts); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
@@ -527,20 +551,23 @@ func (s *Store) Events(ctx context.Context, runID string) ([]state.Event, error)
 	return out, nil
 }
 
-// Ping reports whether Redis answers within OpTimeout.
+// Ping reports whether Redis answers within OpTimeout, and is
+// state.ErrInconsistent while the store's marker says reset: an instance
+// that admits nothing is not ready.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return s.fail("ping", "", err)
 	}
-	return nil
+	return s.refuseWhileReset("ping", "")
 }
 
 // Close writes the outcomes queued by FinishLater (waiting at most
 // OpTimeout), ends the cancel subscriptions and closes the client. Later
 // calls return nil.
 func (s *Store) Close() error {
+	s.stopMarker()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	s.batches.settle(ctx, s)
 	cancel()
