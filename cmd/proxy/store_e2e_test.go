@@ -96,8 +96,9 @@ func TestAFlushedStoreDoesNotBringACancelledRunBack(t *testing.T) {
 		t.Fatal("a request reached the provider during the reset")
 	}
 
-	// The way out: cancel what was lost, then acknowledge.
-	a.must(t, 0, "cancel", "r7", "--reason", "lost in the flush: cancelled again")
+	// The way out: cancel what was lost (its row is gone: the tombstone is
+	// meant), then acknowledge.
+	a.must(t, 0, "cancel", "r7", "--tombstone", "--reason", "lost in the flush: cancelled again")
 	out := b.must(t, 0, "store", "acknowledge-reset", "--reason", "r7 cancelled again")
 	if !strings.Contains(out, "acknowledged") {
 		t.Fatalf("store acknowledge-reset said %q", out)
