@@ -92,16 +92,23 @@ func TestConsoleDrawsARunInChromium(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("token"), testToken), chromedp.SendKeys(chromedp.ID("name"), "alice"),
 		chromedp.Click(chromedp.ID("login")), chromedp.WaitVisible(chromedp.ID("runs")))
 
-	// at waits, bounded, until the browser has loaded a page whose URL has want.
+	// at waits, bounded, until the browser has loaded a page whose URL has
+	// want. It asks the page itself: the target's URL moves when a navigation
+	// commits, before the new document is loaded, and a question put to the
+	// page in between fails as "navigated or closed".
 	at := func(want string) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(currentURL(t, browser), want); {
+		loaded := "location.href.includes(" + jsString(want) + ") && document.readyState === 'complete' && !!document.getElementById('runs')"
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			ok, err := chromedp.Run(browser, chromedp.Evaluate[bool](loaded))
+			if err == nil && ok {
+				return
+			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the browser is at %s, not at a URL with %q", currentURL(t, browser), want)
+				t.Fatalf("the browser is at %s, not loaded at a URL with %q (%v)", currentURL(t, browser), want, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		do("load "+want, chromedp.WaitVisible(chromedp.ID("runs")))
 	}
 	// Search: by id prefix, then by status, then by time.
 	do("search agent-", chromedp.SendKeys(chromedp.ID("prefix"), "agent-"), chromedp.Click(chromedp.ID("search-go")))
