@@ -115,6 +115,11 @@ type Run struct {
 	PrunedAt time.Time `json:"pruned_at,omitzero"`
 	// Intents counts the run's intents by state; states with none are absent.
 	Intents map[IntentState]int `json:"intents"`
+	// Budget is the run's limits, fixed at admission (docs/budgets.md).
+	Budget Budget `json:"budget,omitzero"`
+	// Usage is what the run has used (Usage, docs/budgets.md). Only Get
+	// and List fill it: a step's answer carries the row without it.
+	Usage Usage `json:"usage,omitempty"`
 }
 
 // Final reports whether the row can never change again: the stores drop a
@@ -229,6 +234,8 @@ type AdmitRequest struct {
 	RunID  string
 	Actor  string
 	Reason string
+	// Budget is the run's limits, fixed in its row (none when zero).
+	Budget Budget
 }
 
 // AdmitResult is the row after an admission and whether this call created it.
@@ -299,6 +306,17 @@ type GuardRequest struct {
 	// Redis read only after resuming, then never takes effect after its
 	// caller answered "nothing was sent". Zero sets no fence.
 	NotAfter time.Time
+	// Budget is the budget of a run this guard admits (AutoAdmit); a run
+	// that has a row keeps the budget it was admitted with.
+	Budget Budget
+	// RequestBytes is the size of the effect's request body, counted
+	// against the run's max_request_bytes.
+	RequestBytes int64
+	// Tripwire, when set, names the policy's tripwire the effect matches:
+	// the guard refuses it (RefusalTripwire) and cancels an ACTIVE run in
+	// the same step, reason tripwire:<rule>, draining for TripwireDrain.
+	Tripwire      string
+	TripwireDrain time.Duration
 }
 
 // Fenced is r fenced by ctx's deadline, so that no caller can forget the
@@ -337,6 +355,9 @@ type GuardResult struct {
 	Run     Run
 	// Intent is the record as written (or, for a duplicate refusal, as it stands).
 	Intent Intent
+	// Cause names what refused a budget or tripwire refusal: the reason of
+	// the cancel the guard made (budget:<limit>, tripwire:<rule>).
+	Cause string
 }
 
 // FinishRequest reports what happened to an IN_FLIGHT intent.
@@ -355,6 +376,11 @@ type FinishRequest struct {
 	// SourcePolicy. Required with NOT_APPLIED, refused with any other.
 	Source string
 	Actor  string
+	// ResponseBytes is the size of the answer's body as it passed,
+	// counted against the run's max_response_bytes.
+	ResponseBytes int64
+	// LLM is what an LLM answer says it used (nil: not an LLM answer).
+	LLM *LLMUsage
 }
 
 // NoteRequest appends one audit event about an intent without changing

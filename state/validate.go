@@ -25,6 +25,9 @@ func (r AdmitRequest) Validate() error {
 	if err := validateText("actor", r.Actor); err != nil {
 		return err
 	}
+	if err := r.Budget.Validate(); err != nil {
+		return err
+	}
 	return validateText("reason", r.Reason)
 }
 
@@ -84,6 +87,40 @@ func (r GuardRequest) Validate() error {
 			return err
 		}
 	}
+	if err := r.Budget.Validate(); err != nil {
+		return err
+	}
+	if r.RequestBytes < 0 {
+		return fmt.Errorf("%w: request bytes %d is negative", ErrInvalid, r.RequestBytes)
+	}
+	if r.Tripwire != "" {
+		if r.Refuse != "" {
+			return fmt.Errorf("%w: a guard is refused by the edge (%s) or meets a tripwire (%s), not both", ErrInvalid, r.Refuse, r.Tripwire)
+		}
+		if err := ValidateRuleName(r.Tripwire); err != nil {
+			return err
+		}
+	}
+	if r.TripwireDrain < 0 || r.TripwireDrain > 7*24*time.Hour {
+		return fmt.Errorf("%w: tripwire drain %s: want 0 to 7 days", ErrInvalid, r.TripwireDrain)
+	}
+	return nil
+}
+
+// MaxRuleNameLen bounds the name of a policy rule a reason names.
+const MaxRuleNameLen = 64
+
+// ValidateRuleName rejects a rule name (a tripwire's) that a reason
+// (tripwire:<rule>) could not carry plainly.
+func ValidateRuleName(name string) error {
+	if name == "" || len(name) > MaxRuleNameLen {
+		return fmt.Errorf("%w: rule name %q: want 1 to %d bytes", ErrInvalid, name, MaxRuleNameLen)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: rule name %q has %q; use letters, digits and . _ -", ErrInvalid, name, c)
+		}
+	}
 	return nil
 }
 
@@ -112,6 +149,12 @@ func (r FinishRequest) Validate() error {
 	}
 	if r.StatusCode < 0 || r.StatusCode > 999 {
 		return fmt.Errorf("%w: status code %d is not an HTTP status", ErrInvalid, r.StatusCode)
+	}
+	if r.ResponseBytes < 0 {
+		return fmt.Errorf("%w: response bytes %d is negative", ErrInvalid, r.ResponseBytes)
+	}
+	if err := r.LLM.Validate(); err != nil {
+		return err
 	}
 	if err := validateText("actor", r.Actor); err != nil {
 		return err

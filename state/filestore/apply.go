@@ -40,7 +40,15 @@ func (v *txView) Row() (state.Run, bool, error) {
 	}
 	row := v.r.row
 	row.Intents = maps.Clone(row.Intents)
+	row.Usage = nil
 	return row, true, nil
+}
+
+func (v *txView) Usage(counter string) (int64, error) {
+	if v.r == nil {
+		return 0, nil
+	}
+	return v.r.row.Usage[counter], nil
 }
 
 func (v *txView) Intent(key string) (state.Intent, bool, error) {
@@ -118,6 +126,19 @@ func (v *txView) apply(m *machine.Mutation) error {
 		h := m.Row
 		r.row.Status, r.row.CancelVersion, r.row.Reason, r.row.StatusReason = h.Status, h.CancelVersion, h.Reason, h.StatusReason
 		r.row.CreatedAt, r.row.UpdatedAt, r.row.CancelledAt, r.row.DrainDeadline = h.CreatedAt, h.UpdatedAt, h.CancelledAt, h.DrainDeadline
+		if m.Create {
+			r.row.Budget = h.Budget
+		}
+		r.dirty = true
+	}
+	if len(m.Usage) > 0 {
+		// The map is the commit's row cache's until this step's save.
+		usage := make(state.Usage, len(r.row.Usage)+len(m.Usage))
+		maps.Copy(usage, r.row.Usage)
+		for _, u := range m.Usage {
+			usage[u.Counter] += u.N
+		}
+		r.row.Usage = usage
 		r.dirty = true
 	}
 	m.Counts.Each(r.count)

@@ -151,6 +151,14 @@ func encodeRow(r rowRecord) []byte {
 	for _, st := range countStates {
 		e.uint(uint64(r.Intents[st]))
 	}
+	// The budget and the usage come last: a row written before them ends
+	// here, and reads as a run without either.
+	e.text(r.Budget.Text())
+	e.uint(uint64(len(r.Usage)))
+	for name, n := range r.Usage {
+		e.text(name)
+		e.int(n)
+	}
 	return e
 }
 
@@ -179,6 +187,23 @@ func decodeRow(id string, raw []byte) (rowRecord, error) {
 	for _, st := range countStates {
 		if n := d.uint(); n != 0 {
 			r.Intents[st] = int(n)
+		}
+	}
+	if d.err != nil || len(d.b) == 0 {
+		return r, d.err
+	}
+	if text := d.text(); text != "" && d.err == nil {
+		b, err := state.ParseBudgetText(text)
+		if err != nil {
+			return r, err
+		}
+		r.Budget = b
+	}
+	if n := d.uint(); n > 0 && d.err == nil {
+		r.Usage = make(state.Usage, n)
+		for range n {
+			name := d.text()
+			r.Usage[name] = d.int()
 		}
 	}
 	return r, d.err

@@ -23,6 +23,7 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 			return state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}, nil, nil
 		}
 		s.create(state.StatusActive, 1)
+		s.row.Budget = req.Budget
 		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: state.ReasonAutoAdmit, To: string(state.StatusActive)})
 	}
 	if !req.NotAfter.IsZero() {
@@ -51,7 +52,11 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 
 	switch {
 	case refusal != "":
-		return s.refuseDispatch(req, key, rec, refusal), s.done(), nil
+		return s.refuseDispatch(req, key, rec, refusal, refusal), s.done(), nil
+	case req.Tripwire != "":
+		// What an agent must never do: refused and recorded, whatever
+		// its key says, and the run cancelled in this same step.
+		return s.refuseAndCancel(req, key, rec, state.RefusalTripwire, state.TripwireReason(req.Tripwire), req.TripwireDrain)
 	case rec != nil:
 		if why := state.ReplayRefusal(*rec, req); why != "" {
 			// The record stands as it is; the audit log keeps the attempt.
@@ -59,7 +64,84 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 			return state.GuardResult{Refusal: why, Run: s.row, Intent: *rec}, s.done(), nil
 		}
 	}
+	if req.NotBefore.IsZero() {
+		limit, err := s.overBudget(req)
+		if err != nil {
+			return state.GuardResult{}, nil, err
+		}
+		if limit != "" {
+			return s.refuseAndCancel(req, key, rec, state.RefusalBudgetExceeded, state.BudgetReason(limit), s.row.Budget.DrainTimeout)
+		}
+	}
 	return s.dispatch(req, key, rec), s.done(), nil
+}
+
+// refuseAndCancel refuses the effect for cause (budget:<limit>,
+// tripwire:<rule>) and, if the run is ACTIVE, cancels it in the same
+// step, as stopgate, for the same reason: every instance cuts the run's
+// flows as for any cancel.
+func (s *step) refuseAndCancel(req state.GuardRequest, key string, rec *state.Intent, refusal, cause string, drain time.Duration) (state.GuardResult, *Mutation, error) {
+	res := s.refuseDispatch(req, key, rec, refusal, cause)
+	if s.row.Status == state.StatusActive {
+		if err := s.cancelRun(cause, state.ActorStopgate, drain, key); err != nil {
+			return state.GuardResult{}, nil, err
+		}
+		res.Run = s.row
+	}
+	res.Cause = cause
+	return res, s.done(), nil
+}
+
+// guardLimit is one limit a dispatch is counted against.
+type guardLimit struct {
+	limit, counter string
+	max, add       int64
+}
+
+// overBudget is the limit of the run's budget the dispatch would cross,
+// "" for none. A limit is crossed when the run's usage would exceed it.
+// It expects what it read: each limit it found not crossed stays so with
+// the dispatch added (at most max-add before it), and the one crossed
+// stays crossed; so that a store whose view of the counters was behind
+// writes the decision only if it holds of what the store holds, and
+// instances that guard the same run at once cannot both take its last
+// effect.
+func (s *step) overBudget(req state.GuardRequest) (string, error) {
+	b := s.row.Budget
+	if !b.Limited() || s.row.Status != state.StatusActive {
+		return "", nil
+	}
+	if b.MaxWallTime > 0 && !s.now.Before(s.row.CreatedAt.Add(b.MaxWallTime)) {
+		return state.LimitWallTime, nil
+	}
+	checks := [3]guardLimit{
+		{state.LimitEffects, state.CounterEffects, b.MaxEffects, 1},
+		{state.LimitRequestBytes, state.CounterRequestBytes, b.MaxRequestBytes, req.RequestBytes},
+	}
+	if dest := state.Destination(req.Boundary, req.Target); dest != "" {
+		checks[2] = guardLimit{state.LimitEffectsPerDestination, state.DestinationCounter(dest), b.MaxEffectsPerDestination, 1}
+	}
+	return s.crossed(checks[:])
+}
+
+// crossed is the first of limits whose counter would exceed it with its
+// addition, "" for none, with the expectations of what it read.
+func (s *step) crossed(limits []guardLimit) (string, error) {
+	for _, l := range limits {
+		if l.max <= 0 || l.add <= 0 {
+			continue
+		}
+		have, err := s.usage(l.counter)
+		if err != nil {
+			return "", err
+		}
+		if have > l.max-l.add {
+			s.expect(Expect{Kind: ExpectUsageAtLeast, Key: l.counter, N: l.max - l.add + 1})
+			return l.limit, nil
+		}
+		s.expect(Expect{Kind: ExpectUsageAtMost, Key: l.counter, N: l.max - l.add})
+	}
+	return "", nil
 }
 
 // runRefusal is why the run refuses the effect ("" when it takes it): the
@@ -122,7 +204,7 @@ func (s *step) derive(base string) (string, error) {
 // refuseDispatch records an effect the run refused: CANCELLED_BEFORE_DISPATCH
 // under a new key; under a key already used, what happened stays recorded
 // and only the refusal counts.
-func (s *step) refuseDispatch(req state.GuardRequest, key string, rec *state.Intent, refusal string) state.GuardResult {
+func (s *step) refuseDispatch(req state.GuardRequest, key string, rec *state.Intent, refusal, why string) state.GuardResult {
 	var out state.Intent
 	if rec != nil {
 		out = *rec
@@ -132,7 +214,7 @@ func (s *step) refuseDispatch(req state.GuardRequest, key string, rec *state.Int
 		out = state.Intent{
 			RunID: req.RunID, Key: key, Boundary: req.Boundary, State: state.IntentCancelledBeforeDispatch,
 			Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
-			ObservedVersion: req.ObservedVersion, Reason: refusal, CreatedAt: s.now, UpdatedAt: s.now,
+			ObservedVersion: req.ObservedVersion, Reason: why, CreatedAt: s.now, UpdatedAt: s.now,
 		}
 		if !req.NotBefore.IsZero() {
 			out.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
@@ -140,7 +222,7 @@ func (s *step) refuseDispatch(req state.GuardRequest, key string, rec *state.Int
 		s.put(out, "", false)
 	}
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: key,
-		To: string(state.IntentCancelledBeforeDispatch), Reason: refusal})
+		To: string(state.IntentCancelledBeforeDispatch), Reason: why})
 	return state.GuardResult{Refusal: refusal, Run: s.row, Intent: out}
 }
 
@@ -174,6 +256,15 @@ func (s *step) dispatch(req state.GuardRequest, key string, rec *state.Intent) s
 	}
 	s.put(out, from, false)
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventIntentAdmitted, Intent: key, From: string(from), To: string(out.State)})
+	if out.State == state.IntentInFlight {
+		// Every dispatch is counted, budget or none: usage is what the
+		// operator reads of a run too.
+		s.use(state.CounterEffects, 1)
+		if dest := state.Destination(req.Boundary, req.Target); dest != "" {
+			s.use(state.DestinationCounter(dest), 1)
+		}
+		s.use(state.CounterRequestBytes, req.RequestBytes)
+	}
 	return state.GuardResult{Admitted: true, Run: s.row, Intent: out}
 }
 
@@ -203,10 +294,94 @@ func Finish(v View, req state.FinishRequest, now time.Time) (state.Intent, *Muta
 	s.put(out, from, true)
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventIntentOutcome, Intent: out.Key,
 		From: string(from), To: string(out.State), Reason: Why(out.Source, out.Reason)})
+	if limit, err := s.meter(req); err != nil {
+		return state.Intent{}, nil, err
+	} else if limit != "" {
+		// The effect has happened: the run is cancelled in this step, so
+		// that its next effect is refused.
+		if err := s.cancelRun(state.BudgetReason(limit), state.ActorStopgate, s.row.Budget.DrainTimeout, out.Key); err != nil {
+			return state.Intent{}, nil, err
+		}
+	}
 	if err := s.finalize(req.Actor); err != nil {
 		return state.Intent{}, nil, err
 	}
 	return out, s.done(), nil
+}
+
+// meter counts what an answer used (its bytes, and an LLM answer's
+// tokens, spend, or its usage as unknown), and returns the limit of an
+// ACTIVE run's budget that this crossed, "" for none.
+func (s *step) meter(req state.FinishRequest) (string, error) {
+	s.use(state.CounterResponseBytes, req.ResponseBytes)
+	llm := req.LLM
+	var in, out, tokens, spend int64
+	unknown := false
+	if llm != nil {
+		switch {
+		case !llm.Known:
+			unknown = true
+			s.use(state.CounterUnknownUsage, 1)
+		default:
+			in, out, tokens = llm.InputTokens, llm.OutputTokens, llm.InputTokens+llm.OutputTokens
+			s.use(state.CounterInputTokens, in)
+			s.use(state.CounterOutputTokens, out)
+			s.use(state.CounterTokens, tokens)
+			s.use(state.CounterLLMCalls, 1)
+			if llm.Model != "" {
+				mi, mo, mc := state.ModelCounters(llm.Model)
+				s.use(mi, in)
+				s.use(mo, out)
+				s.use(mc, 1)
+			}
+			if llm.Priced {
+				spend = llm.Spend
+				s.use(state.CounterSpend, spend)
+			} else {
+				s.use(state.CounterUnpriced, 1)
+			}
+		}
+	}
+	b := s.row.Budget
+	if !b.Limited() || s.row.Status != state.StatusActive {
+		return "", nil
+	}
+	// Each counter is read as it stood before this step's addition: the
+	// usage counts it, and the limit holds at most max-add before.
+	limit, err := s.crossedBefore([]guardLimit{
+		{state.LimitResponseBytes, state.CounterResponseBytes, b.MaxResponseBytes, req.ResponseBytes},
+		{state.LimitInputTokens, state.CounterInputTokens, b.MaxInputTokens, in},
+		{state.LimitOutputTokens, state.CounterOutputTokens, b.MaxOutputTokens, out},
+		{state.LimitTokens, state.CounterTokens, b.MaxTokens, tokens},
+		{state.LimitSpend, state.CounterSpend, b.MaxSpend, spend},
+	})
+	if err != nil || limit != "" {
+		return limit, err
+	}
+	if b.CancelOnUnknownUsage && llm != nil && (unknown || b.MaxSpend > 0 && !llm.Priced) {
+		return state.LimitUnknownUsage, nil
+	}
+	return "", nil
+}
+
+// crossedBefore is crossed for additions this step has made already.
+func (s *step) crossedBefore(limits []guardLimit) (string, error) {
+	for _, l := range limits {
+		if l.max <= 0 || l.add <= 0 {
+			continue
+		}
+		have, err := s.usage(l.counter)
+		if err != nil {
+			return "", err
+		}
+		have -= l.add
+		if have > l.max-l.add {
+			s.expect(Expect{Kind: ExpectUsageAtLeast, Key: l.counter, N: l.max - l.add + 1})
+			return l.limit, nil
+		}
+		s.expect(Expect{Kind: ExpectUsageAtMost, Key: l.counter, N: l.max - l.add})
+	}
+	return "", nil
 }
 
 // runIntent reads the row and the record under key, both of which must

@@ -58,6 +58,13 @@ type View interface {
 	// SCHEDULED ones, in creation order.
 	InFlight() ([]state.Intent, error)
 	Scheduled() ([]state.Intent, error)
+	// Usage is the run's usage counter of that name (state.Counter*, a
+	// destination's or a model's), 0 for one never used. A view that does
+	// not hold it may answer less than the store holds, never more (a
+	// counter never goes down): what a rule decides on a counter it
+	// writes only under an expectation of it (ExpectUsageAtMost,
+	// ExpectUsageAtLeast), which the store checks against what it holds.
+	Usage(counter string) (int64, error)
 }
 
 // ErrUnknown is a view's answer for what it does not know: the store reads
@@ -83,6 +90,11 @@ type Mutation struct {
 	Intents []IntentWrite
 	// Derived sets dispatch counters of derived key bases.
 	Derived []DerivedWrite
+	// Usage are added to the run's usage counters, in order. Like Counts
+	// they are never expected as read, only added to: the steps of one
+	// run from several instances need not wait for each other, and an
+	// expectation of a bound (ExpectUsageAtMost) is what keeps a limit.
+	Usage []UsageAdd
 	// Events are appended to the run's audit log, in order.
 	Events []state.Event
 	// Publish: the step committed a cancel, which every instance must hear.
@@ -94,7 +106,13 @@ type Mutation struct {
 // Empty reports whether the mutation writes nothing.
 func (m *Mutation) Empty() bool {
 	return m == nil || !m.Create && !m.RowChanged && m.Counts.Zero() && len(m.Intents) == 0 &&
-		len(m.Derived) == 0 && len(m.Events) == 0
+		len(m.Derived) == 0 && len(m.Events) == 0 && len(m.Usage) == 0
+}
+
+// UsageAdd adds N to the run's usage counter Counter.
+type UsageAdd struct {
+	Counter string
+	N       int64
 }
 
 // Counts are changes to a row's intent counts, one for each state, in the
@@ -184,6 +202,12 @@ const (
 	// fence). Unlike every other expectation it may fail in the store
 	// that read the view, since time moves: every store checks it.
 	ExpectNotAfter
+	// ExpectUsageAtMost: the run's usage counter Key is N or less (a
+	// limit the step's own addition does not cross).
+	ExpectUsageAtMost
+	// ExpectUsageAtLeast: the run's usage counter Key is N or more (a
+	// limit crossed, which stays crossed).
+	ExpectUsageAtLeast
 )
 
 // Expect is one thing a step read that must still hold when its mutation
@@ -218,6 +242,8 @@ type step struct {
 	// intents are the records the step read or wrote, as they now stand
 	// (rec nil: none under key).
 	intents []touched
+	// used are the usage counters the step read, with its own additions.
+	used map[string]int64
 
 	// Room for the mutation's lists, so that a step of the common
 	// kinds costs one allocation.
@@ -225,6 +251,7 @@ type step struct {
 	intentBuf [1]IntentWrite
 	eventBuf  [2]state.Event
 	touchBuf  [2]touched
+	usageBuf  [3]UsageAdd
 }
 
 type touched struct {
@@ -235,6 +262,7 @@ type touched struct {
 func newStep(v View, runID string, now time.Time) *step {
 	s := &step{v: v, now: now.UTC().Truncate(time.Millisecond), m: Mutation{RunID: runID}}
 	s.m.Expect, s.m.Intents, s.m.Events, s.intents = s.expectBuf[:0], s.intentBuf[:0], s.eventBuf[:0], s.touchBuf[:0]
+	s.m.Usage = s.usageBuf[:0]
 	return s
 }
 
@@ -298,6 +326,41 @@ func (s *step) taken(key string) (bool, error) {
 }
 
 func (s *step) expect(e Expect) { s.m.Expect = append(s.m.Expect, e) }
+
+// usage reads a usage counter once, the step's own additions included.
+func (s *step) usage(counter string) (int64, error) {
+	if n, ok := s.used[counter]; ok {
+		return n, nil
+	}
+	var n int64
+	if !s.m.Create {
+		var err error
+		if n, err = s.v.Usage(counter); err != nil {
+			return 0, err
+		}
+	}
+	for _, a := range s.m.Usage {
+		if a.Counter == counter {
+			n += a.N
+		}
+	}
+	if s.used == nil {
+		s.used = make(map[string]int64, 4)
+	}
+	s.used[counter] = n
+	return n, nil
+}
+
+// use adds n to a usage counter.
+func (s *step) use(counter string, n int64) {
+	if n == 0 {
+		return
+	}
+	s.m.Usage = append(s.m.Usage, UsageAdd{Counter: counter, N: n})
+	if v, ok := s.used[counter]; ok {
+		s.used[counter] = v + n
+	}
+}
 
 // expectCount expects the row's count of st as read.
 func (s *step) expectCount(st state.IntentState) {

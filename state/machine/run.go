@@ -25,6 +25,7 @@ func Admit(v View, req state.AdmitRequest, now time.Time) (state.AdmitResult, *M
 		return state.AdmitResult{Run: s.row}, nil, nil
 	}
 	s.create(state.StatusActive, 1)
+	s.row.Budget = req.Budget
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: req.Reason, To: string(state.StatusActive)})
 	return state.AdmitResult{Run: s.row, Created: true}, s.done(), nil
 }
@@ -78,24 +79,42 @@ func Cancel(v View, req state.CancelRequest, now time.Time) (state.CancelResult,
 	default:
 		return state.CancelResult{Run: s.row}, nil, nil
 	}
+	if err := s.cancelRun(req.Reason, req.Actor, req.DrainTimeout, ""); err != nil {
+		return state.CancelResult{}, nil, err
+	}
+	return state.CancelResult{Run: s.row, Changed: true}, s.done(), nil
+}
+
+// cancelRun is the compare-and-set of an ACTIVE run to CANCELLING: a new
+// version, the reason, the drain deadline, every scheduled retry revoked,
+// and the cancel announced to every instance. An operator's cancel makes
+// it, and so does a step that finds the run past its budget or meeting a
+// tripwire (intent: the effect that did).
+func (s *step) cancelRun(reason, actor string, drain time.Duration, intent string) error {
 	scheduled, err := s.v.Scheduled()
 	if err != nil {
-		return state.CancelResult{}, nil, err
+		return err
 	}
 	s.expectRow(true)
 	s.expectCount(state.IntentScheduled)
 	s.row.Status = state.StatusCancelling
 	s.row.CancelVersion++
-	s.row.Reason, s.row.CancelledAt, s.row.UpdatedAt = req.Reason, s.now, s.now
-	s.row.DrainDeadline = s.now.Add(req.DrainTimeout).Truncate(time.Millisecond)
+	s.row.Reason, s.row.CancelledAt, s.row.UpdatedAt = reason, s.now, s.now
+	s.row.DrainDeadline = s.now.Add(drain).Truncate(time.Millisecond)
 	s.changeRow()
-	s.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason,
+	s.event(state.Event{Actor: actor, Kind: state.EventRunCancelled, Reason: reason, Intent: intent,
 		From: string(state.StatusActive), To: string(state.StatusCancelling)})
 	for _, rec := range scheduled {
-		s.force(rec, state.IntentRevoked, state.ReasonRunCancelled, state.EventIntentRevoked, req.Actor)
+		if cur, ok := s.touched(rec.Key); ok && cur != nil {
+			if cur.State != state.IntentScheduled {
+				continue // this step moved it already
+			}
+			rec = *cur // as this step left it (a refusal counted)
+		}
+		s.force(rec, state.IntentRevoked, state.ReasonRunCancelled, state.EventIntentRevoked, actor)
 	}
 	s.m.Publish = true
-	return state.CancelResult{Run: s.row, Changed: true}, s.done(), nil
+	return nil
 }
 
 // force moves an intent on by the step itself rather than by its carrier:
@@ -149,6 +168,13 @@ func Tick(v View, req state.TickRequest, now time.Time) (state.Run, *Mutation, e
 	}
 	if err := s.expireLeases(req.Actor); err != nil {
 		return state.Run{}, nil, err
+	}
+	if b := s.row.Budget; s.row.Status == state.StatusActive && b.MaxWallTime > 0 && !s.now.Before(s.row.CreatedAt.Add(b.MaxWallTime)) {
+		// A run past its wall time is cancelled even if it asks for
+		// nothing more: its agent is told, and its flows cut.
+		if err := s.cancelRun(state.BudgetReason(state.LimitWallTime), state.ActorStopgate, b.DrainTimeout, ""); err != nil {
+			return state.Run{}, nil, err
+		}
 	}
 	if err := s.finalize(req.Actor); err != nil {
 		return state.Run{}, nil, err

@@ -24,6 +24,10 @@ type seen struct {
 	t int64
 	// derived are derived key bases seen taken, with their counters.
 	derived map[string]int64
+	// created and budget never change once the row exists: a rule
+	// checks a run's budget on them without reading the run.
+	created time.Time
+	budget  state.Budget
 }
 
 // maxSeenRuns and maxSeenBases bound the memory of what is remembered:
@@ -55,7 +59,11 @@ func (s seenRuns) learn(v *runView) {
 		return
 	}
 	old, _ := s.c.Peek(v.id)
-	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t)}
+	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t), created: v.row.CreatedAt, budget: v.row.Budget}
+	if n.created.IsZero() {
+		// A view that did not read the row (decided on what was seen).
+		n.created, n.budget = old.created, old.budget
+	}
 	if v.row.Status == state.StatusActive {
 		n.derived = old.derived
 		for b, c := range v.derived {
@@ -86,7 +94,8 @@ func (s seenRuns) viewOf(id string, steps []*step) *runView {
 	if !ok || sn.status != state.StatusActive {
 		return nil
 	}
-	v := &runView{id: id, found: true, t: sn.t, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version}}
+	v := &runView{id: id, found: true, t: sn.t, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version,
+		CreatedAt: sn.created, Budget: sn.budget}}
 	if len(sn.derived) > 0 {
 		v.derived, v.taken = make(map[string]int64, len(sn.derived)), make(map[string]bool, len(sn.derived))
 		for b, n := range sn.derived {
@@ -501,7 +510,7 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 }
 
 // opArity is the number of arguments of each operation (lua/apply.lua).
-var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "+": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
+var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "<": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "+": 2, "a": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
 	"x": 1, "p": 2, "D": 0, "R": 1}
 
 func opCount(ops []any) int {
@@ -522,7 +531,7 @@ func (g *group) reads() ([]string, []string) {
 	for _, st := range g.sent {
 		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
 			switch st.ops[i].(string) {
-			case "=", "#", ">", "^", "h", "+", "o", "R":
+			case "=", "#", ">", "<", "^", "h", "+", "a", "o", "R":
 				if f := st.ops[i+1].(string); !isRowField[f] {
 					fields = append(fields, f)
 				}
@@ -615,6 +624,9 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 		for _, k := range n.keys {
 			fields = append(fields, "i:"+k, "s:"+k)
 		}
+		for _, u := range n.usage {
+			fields = append(fields, usageField(u))
+		}
 		args = append(args, len(fields))
 		for _, f := range fields {
 			args = append(args, f)
@@ -703,6 +715,11 @@ func viewOfRead(id string, fields, bases []string, n needs, x any) (*runView, er
 		if err := rec(k, vals[at], vals[at+1]); err != nil {
 			return nil, err
 		}
+	}
+	v.usage = make(map[string]int64, len(n.usage))
+	for j, u := range n.usage {
+		c, _ := str(vals[len(rowFields)+1+2*len(n.keys)+j])
+		v.usage[u], _ = strconv.ParseInt(c, 10, 64)
 	}
 	seq, _ := a[1].([]any)
 	for j, b := range bases {

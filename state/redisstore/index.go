@@ -202,6 +202,13 @@ func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, err
 		}
 	}
 	s.rowless(ctx, rowless)
+	ptrs := make([]*state.Run, len(out))
+	for i := range out {
+		ptrs[i] = &out[i]
+	}
+	if err := s.usageOfRuns(ctx, "list", ptrs); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -423,7 +430,7 @@ func (s *Store) pruneRun(ctx context.Context, id string, row []string, score flo
 	}
 	// The row's status and last step as read: anything recorded against
 	// the run since (a refusal of its agent) leaves it for the next prune.
-	args := append([]any{row[0], row[2], s.clock().UnixMilli()}, anys(rowFields)...)
+	args := append(append([]any{row[0], row[2], s.clock().UnixMilli()}, anys(rowFields)...), anys(fixedUsage)...)
 	n, err := s.exec(ctx, pruneProgram, keysOf(id).list(), args...).Int()
 	if err != nil {
 		if err2 := s.rdb.ZAddNX(ctx, endedKey, redis.Z{Score: score, Member: id}).Err(); err2 != nil {

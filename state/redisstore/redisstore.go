@@ -299,6 +299,7 @@ func runOf(id string, m map[string]string) state.Run {
 		DrainDeadline: at("drain"),
 		PrunedAt:      at("pruned"),
 		Intents:       map[state.IntentState]int{},
+		Budget:        budgetOf(m[budgetField]),
 	}
 	for k, v := range m {
 		st, ok := strings.CutPrefix(k, "n:")
@@ -329,7 +330,14 @@ func ms(d time.Duration) int64 {
 // ROW); the rest of the hash holds its intents.
 var rowFields = []string{"status", "v", "reason", "status_reason", "created", "updated", "cancelled", "drain", "t",
 	"o", "pruned", "n:IN_FLIGHT", "n:SCHEDULED", "n:RESPONDED", "n:NOT_SENT", "n:UNKNOWN",
-	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED"}
+	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED", budgetField}
+
+// budgetField is the row's budget (state.Budget.Text), written when the
+// row is created and never after; budgetAt is its place in rowFields.
+const (
+	budgetField = "budget"
+	budgetAt    = 20
+)
 
 // rowOfValues is the row the values of an HMGET of rowFields make, without
 // a map between; false for a run never seen. It reads as runOf does.
@@ -353,7 +361,18 @@ func rowOfValues(id string, vals []any) (state.Run, bool) {
 			r.Intents[st] = int(n)
 		}
 	}
+	r.Budget = budgetOf(str(budgetAt))
 	return r, true
+}
+
+// budgetOf reads a row's budget field; one that cannot be read (written
+// by a later layout) is no budget rather than no row.
+func budgetOf(text string) state.Budget {
+	if text == "" {
+		return state.Budget{}
+	}
+	b, _ := state.ParseBudgetText(text)
+	return b
 }
 
 // firstCount is where the counts start in rowFields, in the order of
@@ -365,6 +384,9 @@ func init() {
 		if rowFields[firstCount+i] != countField(st) {
 			panic("redisstore: rowFields does not list the counts in the order of state.IntentStates")
 		}
+	}
+	if rowFields[budgetAt] != budgetField {
+		panic("redisstore: budgetAt is not the place of the budget in rowFields")
 	}
 }
 
@@ -399,7 +421,11 @@ func (s *Store) Get(ctx context.Context, runID string) (state.Run, error) {
 	if m == nil {
 		return state.Run{}, fmt.Errorf("%w: run %s", state.ErrNotFound, runID)
 	}
-	return runOf(runID, m), nil
+	row := runOf(runID, m)
+	if err := s.usageOfRuns(ctx, "get", []*state.Run{&row}); err != nil {
+		return state.Run{}, err
+	}
+	return row, nil
 }
 
 // Intent returns one intent: its two fields in the run's hash, read in

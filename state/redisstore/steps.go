@@ -78,6 +78,7 @@ type assumption struct {
 type needs struct {
 	keys     []string
 	bases    []string
+	usage    []string
 	leases   bool
 	schedule bool
 }
@@ -91,6 +92,11 @@ func (n *needs) add(o needs) {
 	for _, b := range o.bases {
 		if !slices.Contains(n.bases, b) {
 			n.bases = append(n.bases, b)
+		}
+	}
+	for _, u := range o.usage {
+		if !slices.Contains(n.usage, u) {
+			n.usage = append(n.usage, u)
 		}
 	}
 	n.leases = n.leases || o.leases
@@ -126,6 +132,10 @@ type runView struct {
 	// (derived key bases this process saw taken).
 	taken   map[string]bool
 	derived map[string]int64
+	// usage are the usage counters known: as read, with the round's
+	// additions. Not read, a counter is taken as 0 (less than it may be;
+	// the rules' expectations of it hold the write to what is stored).
+	usage map[string]int64
 	// leases and sched are the keys in the lease and scheduled sets, as
 	// read (with leases and sched taken: asked for).
 	leases, sched           []string
@@ -195,6 +205,18 @@ func (v *runView) Derived(base string) (int64, error) {
 		return n, nil
 	}
 	v.missed.bases = append(v.missed.bases, base)
+	return 0, machine.ErrUnknown
+}
+
+func (v *runView) Usage(counter string) (int64, error) {
+	if n, ok := v.usage[counter]; ok {
+		return n, nil
+	}
+	if !v.read {
+		// Decided on what was seen: 0 is never more than the counter.
+		return 0, nil
+	}
+	v.missed.usage = append(v.missed.usage, counter)
 	return 0, machine.ErrUnknown
 }
 
@@ -278,6 +300,16 @@ func (v *runView) absorb(m *machine.Mutation, rendered []*record) {
 	for _, d := range m.Derived {
 		v.derived[d.Base] = d.N
 	}
+	for _, u := range m.Usage {
+		// A counter read, or one taken as 0 unread, goes on from there; a
+		// counter a read view did not read stays unknown.
+		if n, ok := v.usage[u.Counter]; ok || !v.read {
+			if v.usage == nil {
+				v.usage = map[string]int64{}
+			}
+			v.usage[u.Counter] = n + u.N
+		}
+	}
 	v.t = max(v.t, m.Now.UnixMilli())
 }
 
@@ -321,10 +353,23 @@ func render(v *runView, m *machine.Mutation) ([]any, int, []*record, error) {
 			op("Q", e.Key, e.N)
 		case machine.ExpectNotAfter:
 			op("T", e.Time.UnixMilli())
+		case machine.ExpectUsageAtMost:
+			op("<", usageField(e.Key), e.N)
+		case machine.ExpectUsageAtLeast:
+			op(">", usageField(e.Key), e.N)
 		}
 	}
 	if m.Create {
 		op("h", "o", "0")
+		if text := m.Row.Budget.Text(); text != "" {
+			op("h", budgetField, text)
+		}
+	}
+	for _, u := range m.Usage {
+		op("+", usageField(u.Counter), u.N)
+		if state.Named(u.Counter) {
+			op("a", namesField, u.Counter)
+		}
 	}
 	if m.Create || m.RowChanged {
 		h := m.Row

@@ -36,6 +36,7 @@ type modelRun struct {
 	order   []string
 	derived map[string]int64
 	events  []state.Event
+	usage   state.Usage
 }
 
 type modelIntent struct {
@@ -92,6 +93,22 @@ func (v modelView) Derived(base string) (int64, error) {
 		return 0, nil
 	}
 	return v.r.derived[base], nil
+}
+
+func (v modelView) Usage(counter string) (int64, error) {
+	if v.r == nil {
+		return 0, nil
+	}
+	return v.r.usage[counter], nil
+}
+
+// row is the run's row as Get reads it: with its usage.
+func (r *modelRun) rowWithUsage() state.Run {
+	row, _, _ := modelView{r}.Row()
+	if len(r.usage) > 0 {
+		row.Usage = maps.Clone(r.usage)
+	}
+	return row
 }
 
 func (v modelView) withState(st state.IntentState) []state.Intent {
@@ -162,6 +179,10 @@ func (m *Model) check(r *modelRun, mut *machine.Mutation) error {
 			ok = r != nil && r.derived[e.Key] == e.N
 		case machine.ExpectNotAfter:
 			// The clock's, checked by step.
+		case machine.ExpectUsageAtMost:
+			ok = r.usageOf(e.Key) <= e.N
+		case machine.ExpectUsageAtLeast:
+			ok = r.usageOf(e.Key) >= e.N
 		}
 		if !ok {
 			return fmt.Errorf("model: run %s: a rule expected %+v, which does not hold of what it read", mut.RunID, e)
@@ -170,15 +191,29 @@ func (m *Model) check(r *modelRun, mut *machine.Mutation) error {
 	return nil
 }
 
+func (r *modelRun) usageOf(counter string) int64 {
+	if r == nil {
+		return 0
+	}
+	return r.usage[counter]
+}
+
 func (m *Model) apply(id string, r *modelRun, mut *machine.Mutation) {
 	if mut.Create {
 		r = &modelRun{row: mut.Row, intents: map[string]*modelIntent{}, derived: map[string]int64{}}
 		r.row.Intents = map[state.IntentState]int{}
 		m.runs[id] = r
 	} else if mut.RowChanged {
-		counts, pruned := r.row.Intents, r.row.PrunedAt
+		counts, pruned, budget := r.row.Intents, r.row.PrunedAt, r.row.Budget
 		r.row = mut.Row
-		r.row.Intents, r.row.PrunedAt = counts, pruned
+		r.row.Intents, r.row.PrunedAt, r.row.Budget = counts, pruned, budget
+	}
+	r.row.Usage = nil
+	for _, u := range mut.Usage {
+		if r.usage == nil {
+			r.usage = state.Usage{}
+		}
+		r.usage[u.Counter] += u.N
 	}
 	mut.Counts.Each(func(st state.IntentState, d int) {
 		if r.row.Intents[st] += d; r.row.Intents[st] == 0 {
@@ -359,8 +394,7 @@ func (m *Model) Get(_ context.Context, id string) (state.Run, error) {
 	if err != nil {
 		return state.Run{}, err
 	}
-	row, _, _ := modelView{r}.Row()
-	return row, nil
+	return r.rowWithUsage(), nil
 }
 
 func (m *Model) List(_ context.Context, status state.Status) ([]state.Run, error) {
@@ -371,7 +405,7 @@ func (m *Model) List(_ context.Context, status state.Status) ([]state.Run, error
 	defer m.mu.Unlock()
 	var out []state.Run
 	for _, id := range slices.Sorted(maps.Keys(m.runs)) {
-		if row, _, _ := (modelView{m.runs[id]}).Row(); status == "" || row.Status == status {
+		if row := m.runs[id].rowWithUsage(); status == "" || row.Status == status {
 			out = append(out, row)
 		}
 	}

@@ -18,12 +18,14 @@
 -- counters it reads; then
 -- its steps, each the number of its operations and the operations, an
 -- opcode and its arguments:
---   checks  '=' field text (absent: ''), '#' field n and '>' field n (the
---           number is n, at least n; absent reads 0),
+--   checks  '=' field text (absent: ''), '#' field n, '>' field n and
+--           '<' field n (the number is n, at least n, at most n; absent
+--           reads 0),
 --           '^' field prefix (absent fails), 'Q' base n (a derived-key
 --           counter; absent reads 0), 'T' ms (the server's clock is not
 --           past it)
---   writes  'h' field text, '+' field n (added), 'o' field prefix suffix
+--   writes  'h' field text, '+' field n (added), 'a' field line (the line
+--           added to the field's lines unless there), 'o' field prefix suffix
 --           (the run's next creation ordinal between them), 'q' base n
 --           (a derived-key counter), 'L' score key and 'l' key (the lease
 --           set), 'S' key and 's' key (the scheduled set), 'x' line (an
@@ -35,8 +37,8 @@
 -- {'failed', error} when its steps met an error, none of them written:
 -- results a letter a step (o written, s stale, l late), the values of the
 -- row's own fields as read, in order, and each 'R' in order.
-local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, ['+'] = 2, o = 3, q = 2, L = 2, l = 1, S = 1, s = 1,
-  x = 1, p = 2, D = 0, R = 1}
+local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['<'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, ['+'] = 2, a = 2, o = 3, q = 2, L = 2,
+  l = 1, S = 1, s = 1, x = 1, p = 2, D = 0, R = 1}
 
 -- apply_group writes the steps of group g, whose arguments start at A[a].
 local function apply_group(KEYS, A, g, a, clock)
@@ -125,6 +127,10 @@ local function apply_group(KEYS, A, g, a, clock)
           if (tonumber(v) or 0) < tonumber(A[o + 2]) then
             result = 's'
           end
+        elseif op == '<' then
+          if (tonumber(v) or 0) > tonumber(A[o + 2]) then
+            result = 's'
+          end
         elseif op == '^' then
           if not v or string.sub(v, 1, #A[o + 2]) ~= A[o + 2] then
             result = 's'
@@ -165,6 +171,12 @@ local function apply_group(KEYS, A, g, a, clock)
         elseif op == '+' then
           view[f] = string.format('%d', (tonumber(view[f]) or 0) + tonumber(A[o + 2]))
           changed[f] = true
+        elseif op == 'a' then
+          local lines = view[f] or '\n'
+          if not string.find(lines, '\n' .. A[o + 2] .. '\n', 1, true) then
+            view[f] = lines .. A[o + 2] .. '\n'
+            changed[f] = true
+          end
         elseif op == 'o' then
           local n = string.format('%d', (tonumber(view.o) or 0) + 1)
           view.o = n

@@ -1,10 +1,12 @@
 -- prune removes what retention removes of one run, under what its caller
 -- read (KEYS: its seven keys; ARGV: the status and the last step's time,
--- t, it read, the time of the prune in ms, then the row's own fields): its
--- intents, counters, leases, retries and audit log leave the store; the
--- row's own fields stay (so the run can never be admitted again), with its
--- counts and the time of the prune. Answers 1 when it pruned, 0 when the
--- row is not as read (something was recorded against it since).
+-- t, it read, the time of the prune in ms, then the row's own fields and
+-- its usage counters' fields): its intents, counters, leases, retries and
+-- audit log leave the store; the row's own fields stay (so the run can
+-- never be admitted again), with its counts, its usage (the counters named
+-- in the field u:names too) and the time of the prune. Answers 1 when it
+-- pruned, 0 when the row is not as read (something was recorded against
+-- it since).
 local function prune(KEYS, A)
   local call = redis.call
   local row = {}
@@ -12,6 +14,20 @@ local function prune(KEYS, A)
     row[#row + 1] = A[i]
   end
   local vals = call('HMGET', KEYS[1], unpack(row))
+  local names = call('HGET', KEYS[1], 'u:names')
+  if names then
+    local named = {}
+    for name in string.gmatch(names, '[^\n]+') do
+      named[#named + 1] = 'u:' .. name
+    end
+    if #named > 0 then
+      local nv = call('HMGET', KEYS[1], unpack(named))
+      for i, f in ipairs(named) do
+        row[#row + 1] = f
+        vals[#vals + 1] = nv[i]
+      end
+    end
+  end
   local args = {'HSET', KEYS[1]}
   for i, name in ipairs(row) do
     local v = vals[i]
