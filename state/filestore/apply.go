@@ -114,6 +114,9 @@ func (v *txView) apply(m *machine.Mutation) error {
 		return nil
 	}
 	t := v.t
+	if m.Publish {
+		t.publish = append(t.publish, v.id)
+	}
 	if m.Create {
 		r, err := t.createRun(v.id, m.Row.Status, m.Row.CancelVersion)
 		if err != nil {

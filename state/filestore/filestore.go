@@ -682,6 +682,7 @@ func (s *Store) commit(batch []*write) {
 // as is).
 func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 	errs = make([]error, len(steps))
+	pubs := make([][]string, len(steps))
 	poisoned := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		clock := s.now().UTC().Truncate(time.Millisecond)
@@ -696,6 +697,7 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 		for i, w := range steps {
 			t := &txn{tx: tx, now: now, clock: clock, rows: rows}
 			errs[i] = w.fn(t)
+			pubs[i] = t.publish
 			switch {
 			case errs[i] != nil && t.wrote:
 				if len(steps) > 1 {
@@ -731,6 +733,16 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 		}
 	default:
 		s.noteCommit(nil)
+		// Subscribers hear of a cancel only once it has committed: an
+		// operator's, or one a budget or a tripwire made in a guard,
+		// an outcome or a tick.
+		for i, ids := range pubs {
+			if errs[i] == nil {
+				for _, id := range ids {
+					s.publish(id)
+				}
+			}
+		}
 	}
 	return errs, true
 }

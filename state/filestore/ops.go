@@ -61,9 +61,6 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	if err != nil {
 		return state.CancelResult{}, err
 	}
-	if out.Changed {
-		s.publish(req.RunID)
-	}
 	return out, nil
 }
 

@@ -47,6 +47,9 @@ type txn struct {
 	wrote bool
 	// rows is shared by the steps of one commit.
 	rows *rowCache
+	// publish are the runs whose cancel this step made, announced once
+	// the commit holds.
+	publish []string
 }
 
 // rowCache holds the run rows the steps of one commit have read or saved,

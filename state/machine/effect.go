@@ -23,7 +23,7 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 			return state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}, nil, nil
 		}
 		s.create(state.StatusActive, 1)
-		s.row.Budget = req.Budget
+		s.budget(req.Budget)
 		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: state.ReasonAutoAdmit, To: string(state.StatusActive)})
 	}
 	if !req.NotAfter.IsZero() {

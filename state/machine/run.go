@@ -25,7 +25,7 @@ func Admit(v View, req state.AdmitRequest, now time.Time) (state.AdmitResult, *M
 		return state.AdmitResult{Run: s.row}, nil, nil
 	}
 	s.create(state.StatusActive, 1)
-	s.row.Budget = req.Budget
+	s.budget(req.Budget)
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: req.Reason, To: string(state.StatusActive)})
 	return state.AdmitResult{Run: s.row, Created: true}, s.done(), nil
 }
@@ -38,6 +38,14 @@ func (s *step) create(status state.Status, version int64) {
 		Intents: map[state.IntentState]int{}}
 	s.counts, s.shared = nil, false
 	s.m.Create = true
+}
+
+// budget gives the row it creates its budget: none without a limit (a
+// drain alone limits nothing).
+func (s *step) budget(b state.Budget) {
+	if b.Limited() {
+		s.row.Budget = b
+	}
 }
 
 // expectRow expects the row's status as read, and its version when the
@@ -96,7 +104,10 @@ func (s *step) cancelRun(reason, actor string, drain time.Duration, intent strin
 		return err
 	}
 	s.expectRow(true)
-	s.expectCount(state.IntentScheduled)
+	if !s.m.Create {
+		// A row this step creates has none (ExpectRowAbsent).
+		s.expectCount(state.IntentScheduled)
+	}
 	s.row.Status = state.StatusCancelling
 	s.row.CancelVersion++
 	s.row.Reason, s.row.CancelledAt, s.row.UpdatedAt = reason, s.now, s.now

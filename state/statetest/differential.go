@@ -46,10 +46,12 @@ func (c *Clock) Advance(d time.Duration) {
 type OpenClocked func(t *testing.T, clock func() time.Time) state.Store
 
 // Differential runs generated histories of every operation of a run —
-// admissions, guards (explicit and derived keys, observed versions,
-// scheduled retries and their dispatch, deliveries to a cancelling run,
-// an edge's own refusals, bursts of more than sixteen effects in flight),
-// outcomes now and later, cancels, completions, ticks at chosen times,
+// admissions (with budgets and without), guards (explicit and derived
+// keys, observed versions, scheduled retries and their dispatch,
+// deliveries to a cancelling run, an edge's own refusals, tripwires,
+// request bytes, bursts of more than sixteen effects in flight), outcomes
+// now and later (with response bytes and LLM usage, known and unknown,
+// priced and not), cancels, completions, ticks at chosen times,
 // reconciliations, notes and lease renewals — against the model (package
 // machine's rules over runs in memory) and every store given, one step at
 // a time, and fails at the first step whose complete answer differs, or
@@ -61,7 +63,7 @@ func Differential(t *testing.T, stores map[string]OpenClocked) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	var ops, histories int
+	var ops, histories, limited int
 	rapid.Check(t, func(rt *rapid.T) {
 		clock := NewClock(time.Now())
 		h := &history{t: rt, clock: clock, model: &Model{Clock: clock.Now, runs: map[string]*modelRun{}}}
@@ -81,8 +83,9 @@ func Differential(t *testing.T, stores map[string]OpenClocked) {
 		h.compareAll()
 		ops += n
 		histories++
+		limited += h.limited
 	})
-	t.Logf("differential: %d histories, %d operations, %d stores beside the model", histories, ops, len(stores))
+	t.Logf("differential: %d histories, %d operations, %d runs cancelled by a budget or a tripwire, %d stores beside the model", histories, ops, limited, len(stores))
 }
 
 type history struct {
@@ -96,6 +99,8 @@ type history struct {
 	intents map[string][]known
 	// burst counts effects put in flight in one run at once.
 	burst int
+	// limited counts the cancels stopgate made (budgets, tripwires).
+	limited int
 }
 
 type known struct {
@@ -120,7 +125,7 @@ func (h *history) step() {
 	run := rapid.SampledFrom(runIDs).Draw(t, "run")
 	switch op := rapid.IntRange(0, 19).Draw(t, "op"); {
 	case op == 0:
-		req := state.AdmitRequest{RunID: run, Actor: "operator:t", Reason: "start"}
+		req := state.AdmitRequest{RunID: run, Actor: "operator:t", Reason: "start", Budget: h.budget()}
 		h.same("admit", func(s state.Store) any { r, err := s.Admit(h.ctx(), req); return resultOf(r, err) })
 	case op <= 7:
 		h.guard(run)
@@ -171,7 +176,7 @@ func (h *history) guard(run string) {
 	} else {
 		req.Key = rapid.SampledFrom(bases).Draw(t, "base")
 	}
-	switch rapid.IntRange(0, 9).Draw(t, "kind") {
+	switch rapid.IntRange(0, 10).Draw(t, "kind") {
 	case 0:
 		req.Boundary, req.NotBefore, req.LeaseTTL = state.BoundaryRetry, h.clock.Now().Add(time.Minute), 0
 	case 1:
@@ -180,6 +185,12 @@ func (h *history) guard(run string) {
 		req.Refuse = "destination_denied"
 	case 3:
 		req.Boundary = state.BoundaryCustom
+	case 4:
+		req.Tripwire, req.TripwireDrain = "no-paste", time.Second
+	}
+	req.RequestBytes = int64(rapid.SampledFrom([]int{0, 0, 10, 40}).Draw(t, "request bytes"))
+	if req.AutoAdmit {
+		req.Budget = h.budget()
 	}
 	n := 1
 	if rapid.IntRange(0, 7).Draw(t, "burst?") == 0 {
@@ -216,6 +227,17 @@ func (h *history) finish(run string, later bool) {
 	if req.Outcome == state.IntentNotApplied {
 		req.Source = state.SourceSafeMethod
 	}
+	req.ResponseBytes = int64(rapid.SampledFrom([]int{0, 0, 30, 120}).Draw(t, "response bytes"))
+	switch rapid.IntRange(0, 4).Draw(t, "llm") {
+	case 1:
+		req.LLM = &state.LLMUsage{Model: rapid.SampledFrom([]string{"", "m-a", "m:b"}).Draw(t, "model"), Known: true,
+			InputTokens: int64(rapid.IntRange(0, 30).Draw(t, "in")), OutputTokens: int64(rapid.IntRange(0, 30).Draw(t, "out"))}
+		if rapid.Bool().Draw(t, "priced") {
+			req.LLM.Priced, req.LLM.Spend = true, int64(rapid.IntRange(0, 900).Draw(t, "spend"))
+		}
+	case 2:
+		req.LLM = &state.LLMUsage{Model: "m-a"}
+	}
 	if later {
 		h.same("finish later", func(s state.Store) any {
 			ch := make(chan error, 1)
@@ -230,6 +252,28 @@ func (h *history) finish(run string, later bool) {
 		return
 	}
 	h.same("finish", func(s state.Store) any { r, err := s.Finish(h.ctx(), req); return resultOf(r, err) })
+}
+
+// budget is a budget for an admission: none, mostly, or small limits
+// that a history crosses.
+func (h *history) budget() state.Budget {
+	t := h.t
+	if rapid.IntRange(0, 2).Draw(t, "budget?") == 0 {
+		return state.Budget{}
+	}
+	pick := func(label string, vals ...int) int64 { return int64(rapid.SampledFrom(vals).Draw(t, label)) }
+	return state.Budget{
+		MaxEffects:               pick("max effects", 0, 2, 5),
+		MaxEffectsPerDestination: pick("max per destination", 0, 0, 2),
+		MaxRequestBytes:          pick("max request bytes", 0, 0, 60),
+		MaxResponseBytes:         pick("max response bytes", 0, 0, 200),
+		MaxWallTime:              time.Duration(pick("max wall s", 0, 0, 3)) * time.Second,
+		MaxTokens:                pick("max tokens", 0, 40),
+		MaxInputTokens:           pick("max input tokens", 0, 0, 25),
+		MaxSpend:                 pick("max spend", 0, 0, 1000),
+		CancelOnUnknownUsage:     rapid.Bool().Draw(t, "cancel on unknown"),
+		DrainTimeout:             time.Duration(pick("budget drain s", 0, 2)) * time.Second,
+	}
 }
 
 func (h *history) remember(run string, k known) {
@@ -309,7 +353,9 @@ func compareStrings(a, b string) int {
 // same runs op on the model and on every store and fails at the first
 // answer that differs from the model's; it returns the model's.
 func (h *history) same(name string, op func(s state.Store) any) any {
+	before := h.model.stopgateCancels()
 	want := op(h.model)
+	h.limited += h.model.stopgateCancels() - before
 	for i, s := range h.stores {
 		if got := op(s); !reflect.DeepEqual(normal(got), normal(want)) {
 			h.t.Fatalf("%s: %s answered\n  %+v\nthe model\n  %+v", name, h.names[i], got, want)
@@ -352,6 +398,9 @@ func normal(v any) any {
 	case state.Run:
 		if len(x.Intents) == 0 {
 			x.Intents = nil
+		}
+		if len(x.Usage) == 0 {
+			x.Usage = nil
 		}
 		return x
 	case state.AdmitResult:

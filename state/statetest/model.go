@@ -528,3 +528,19 @@ func (m *Model) Close() error {
 	m.closed = true
 	return nil
 }
+
+// stopgateCancels counts the cancels stopgate made itself (a budget, a
+// tripwire) in every run the model holds.
+func (m *Model) stopgateCancels() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, r := range m.runs {
+		for _, e := range r.events {
+			if e.Kind == state.EventRunCancelled && e.Actor == state.ActorStopgate {
+				n++
+			}
+		}
+	}
+	return n
+}

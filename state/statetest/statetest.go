@@ -65,6 +65,7 @@ func Run(t *testing.T, open Open) {
 		{"PruneTakesRecordsWrittenAfterAPrune", testPruneAgain},
 		{"TextsComeBackAsTheyWereWritten", testTexts},
 	}
+	tests = append(tests, budgetTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t)
