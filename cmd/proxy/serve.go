@@ -204,7 +204,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 			Endpoints: control.Endpoints{
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
-			Transparent: inst.transparent.binder,
+			Transparent: inst.transparent.binder, Watcher: inst.watcher,
 		})
 	}
 	if err != nil {
@@ -261,6 +261,9 @@ func (inst *instance) run(ctx context.Context) error {
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
+	// Watch streams never end by themselves: ended first, they do not hold
+	// the control API's shutdown.
+	inst.api.EndWatches()
 	err = errors.Join(err,
 		servers.shutdown(shutdownCtx, "control API"),
 		servers.shutdown(shutdownCtx, "browser guard"),
