@@ -183,6 +183,14 @@ func needDebianPython(t *testing.T, modules ...string) {
 	}
 }
 
+func needNodeModules(t *testing.T) {
+	t.Helper()
+	testkit.NeedTools(t, "node")
+	if !fileExists("node/node_modules/bullmq/package.json") {
+		t.Fatal("clients/node/node_modules has no bullmq: make test-deps runs npm ci there")
+	}
+}
+
 func TestPythonClient(t *testing.T) {
 	needDebianPython(t)
 	f := startFleet(t)
@@ -193,4 +201,16 @@ func TestCelery(t *testing.T) {
 	needDebianPython(t, "celery", "redis")
 	f := startFleet(t)
 	runTool(t, 4*time.Minute, "python", f.clientEnv(), debianPython, "-m", "unittest", "-v", "tests.test_celery")
+}
+
+func TestNodeClient(t *testing.T) {
+	needNodeModules(t)
+	f := startFleet(t)
+	runTool(t, 3*time.Minute, "node", f.clientEnv(), "node", "--test", "--test-reporter=spec", "test/client.test.js", "test/types.test.js")
+}
+
+func TestBullMQ(t *testing.T) {
+	needNodeModules(t)
+	f := startFleet(t)
+	runTool(t, 4*time.Minute, "node", f.clientEnv(), "node", "--test", "--test-reporter=spec", "test/bullmq.test.js")
 }
