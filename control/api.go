@@ -155,6 +155,20 @@ type OutcomeRequest struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
+// NoteRequest is the body of POST /v1/runs/{run}/intents/{key}/notes: one
+// event about an effect of the run, in the run's audit, changing
+// nothing else (stopgate exec records there the signal it sent at the
+// cancel, and the kill at the drain deadline).
+type NoteRequest struct {
+	// Kind is the event's kind, exec.* or worker.*: the kinds stopgate
+	// itself writes are not a caller's to forge.
+	Kind   string `json:"kind"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// NoteKindPrefixes are the kinds a note through the API may have.
+var NoteKindPrefixes = []string{"exec.", "worker."}
+
 // Outcomes of OutcomeRequest.
 const (
 	OutcomeResponded = "responded"

@@ -400,3 +400,28 @@ func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) 
 		Intent: key, Recorded: in.State, StatusCode: in.StatusCode, Store: time.Since(started), Via: actor})
 	return http.StatusOK, in, nil
 }
+
+// noteIntent appends one event about an effect of the run to its audit, of a
+// kind of the caller's own (NoteKindPrefixes), under the caller's actor: a
+// worker can add to its run's record, never forge what stopgate wrote.
+func (h *Handler) noteIntent(r *http.Request, actor string) (int, any, error) {
+	id, key, err := intentPath(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var body NoteRequest
+	if err := decode(r, &body); err != nil {
+		return 0, nil, err
+	}
+	if !slices.ContainsFunc(NoteKindPrefixes, func(p string) bool { return strings.HasPrefix(body.Kind, p) && len(body.Kind) > len(p) }) {
+		return 0, nil, fmt.Errorf("%w: note kind %q: want exec.NAME or worker.NAME", state.ErrInvalid, body.Kind)
+	}
+	req := state.NoteRequest{RunID: id, Key: key, Kind: body.Kind, Reason: body.Reason, Actor: actor}
+	if err := req.Validate(); err != nil {
+		return 0, nil, err
+	}
+	if err := h.store.Note(r.Context(), req); err != nil {
+		return 0, nil, fmt.Errorf("note %s on intent %s of run %s: %w", body.Kind, key, id, err)
+	}
+	return http.StatusCreated, req, nil
+}

@@ -334,7 +334,7 @@ func TestIntentGuardedBeforeAndAfterCancel(t *testing.T) {
 						t.Errorf("status code %d lease %q", in.StatusCode, in.LeaseOwner)
 					}
 				})},
-			{name: "KeyReusedWithOtherBody", method: "POST", path: "/v1/runs/g1/intents", body: `{"key":"mail-1","body_digest":"sha256:bb"}`, status: 422,
+			{name: "KeyReusedWithOtherBody", method: "POST", path: "/v1/runs/g1/intents", body: `{"key":"mail-1","body_digest":"sha256:bb"}`, status: 409,
 				code: state.RefusalKeyReused, message: "mail-1"},
 			{name: "Publish", method: "POST", path: "/v1/runs/g1/intents", body: `{"key":"pub/orders#1","method":"PUBLISH","target":"amqp://mq/orders"}`, status: 201,
 				check: wantAdmitted("pub/orders#1", state.BoundaryCustom, state.IntentInFlight, 1)},

@@ -36,7 +36,6 @@ import (
 
 // Defaults for Options left zero.
 const (
-	DefaultStoreTimeout = 5 * time.Second
 	// ReadyTimeout bounds the store ping behind /readyz.
 	ReadyTimeout = time.Second
 	// MaxBodyBytes bounds every request body.
@@ -68,7 +67,8 @@ type Options struct {
 	// passes its --drain-timeout (30s by default).
 	DrainTimeout time.Duration
 	// StoreTimeout bounds each request's store calls; zero means
-	// DefaultStoreTimeout. A store slower than this answers 503.
+	// state.DefaultTimeout, as on every other edge. A store slower than
+	// this answers 503.
 	StoreTimeout time.Duration
 	// Logger receives panics, store failures and, at debug level, every
 	// request. Nil discards.
@@ -154,7 +154,7 @@ func New(opts Options) (*Handler, error) {
 		mux:          http.NewServeMux(),
 	}
 	if h.storeTimeout <= 0 {
-		h.storeTimeout = DefaultStoreTimeout
+		h.storeTimeout = state.DefaultTimeout
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -205,6 +205,7 @@ func (h *Handler) routes() {
 		{http.MethodGet, "/v1/runs/{run}/intents/{key}", accessRead, "read intents", h.getIntent},
 		{http.MethodPatch, "/v1/runs/{run}/intents/{key}", accessWork, "report outcomes", h.finishIntent},
 		{http.MethodPost, "/v1/runs/{run}/intents/{key}/renew", accessWork, "renew leases", h.renewIntent},
+		{http.MethodPost, "/v1/runs/{run}/intents/{key}/notes", accessWork, "note effects", h.noteIntent},
 		{http.MethodPost, "/v1/runs/{run}/tokens", accessOperate, "mint run tokens", h.issueToken},
 		{http.MethodPost, resolvePath, accessResolve, "resolve UNKNOWN intents", h.resolve},
 		{http.MethodPost, "/v1/runs/{run}/browsers", accessWork, "launch browsers", h.launchBrowser},

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -102,4 +103,35 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("%T from %q: round trip through %s changed %+v into %+v", v, body, out, v, again)
 		}
 	})
+}
+
+// TestDecodeRefusesDuplicateAndCaseVariantKeys: encoding/json keeps the
+// last of two equal keys and fills a field from a key in any case, so
+// {"run_id":"a","run_id":"b"} and {"RUN_ID":"b"} would be read as another
+// request than a reader of the first key sees. Both are 400s naming the
+// key, as the CDP guard refuses a member that appears twice.
+func TestDecodeRefusesDuplicateAndCaseVariantKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		dst        func() any
+		code       refusal.Code
+		message    string
+	}{
+		{"the same key twice", `{"run_id":"a","run_id":"b"}`, func() any { return new(AdmitRequest) }, refusal.InvalidJSON, `key "run_id" appears twice`},
+		{"a key in another case beside it", `{"reason":"x","Reason":"y"}`, func() any { return new(CancelRequest) }, refusal.InvalidJSON, `keys "reason" and "Reason" differ only in case`},
+		{"a key in another case alone", `{"RUN_ID":"b"}`, func() any { return new(AdmitRequest) }, refusal.UnknownField, `did you mean "run_id"`},
+		{"a duplicate inside a nested value", `{"outcome":"responded","attempt":1,"x":{"a":1,"a":2}}`, func() any { return new(OutcomeRequest) }, refusal.InvalidJSON, `key "x.a" appears twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := decodeBytes([]byte(tc.body), tc.dst())
+			r := refusal.FromError(err)
+			if r == nil || r.Code != tc.code || !strings.Contains(r.Message, tc.message) || r.Status() != http.StatusBadRequest {
+				t.Fatalf("decode %s: %v, want %s (400) saying %q", tc.body, err, tc.code, tc.message)
+			}
+		})
+	}
+	var ok AdmitRequest
+	if err := decodeBytes([]byte(`{"run_id":"r1","reason":"start"}`), &ok); err != nil || ok.RunID != "r1" {
+		t.Fatalf("a plain body: %+v %v", ok, err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/stopgate/stopgate/refusal"
@@ -71,8 +72,14 @@ func decode(r *http.Request, dst any) error {
 	}
 	// No ResponseWriter: the wrapped one could not tell the server to
 	// close the connection anyway, and the 413 below says what happened.
-	body := http.MaxBytesReader(nil, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	if err != nil {
+		return decodeError(err)
+	}
+	if err := checkKeys(data, reflect.TypeOf(dst)); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		if errors.Is(err, io.EOF) {

@@ -90,17 +90,14 @@ func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
 // the store timeout is an error wrapping state.ErrUnavailable: the caller
 // must not dispatch.
 //
-// The guard is fenced: it carries NotAfter = start + StoreTimeout/2, and a
-// store whose clock is past that refuses to apply it. The caller waits the
-// full StoreTimeout, so a guard the caller gave up on can never take
-// effect later (a paused Redis resuming, a queue behind the embedded
-// store's writer), as long as the store's clock is no more than
-// StoreTimeout/2 behind this host's. A store clock more than that ahead
-// refuses every guard, which fails closed and shows in the error.
+// The guard is fenced by the store (state.GuardRequest.Fenced) at
+// start + StoreTimeout/2, the ledger's bound halved: a store whose clock
+// is past that refuses to apply it. The ledger waits the full
+// StoreTimeout, so a guard it gave up on can never take effect later, as
+// long as the store's clock is no more than StoreTimeout/2 behind this
+// host's. A store clock more than that ahead refuses every guard, which
+// fails closed and shows in the error.
 func (l *Ledger) Begin(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
-	if fence := time.Now().Add(l.timeout / 2); req.NotAfter.IsZero() || fence.Before(req.NotAfter) {
-		req.NotAfter = fence
-	}
 	req.LeaseOwner = l.owner
 	if req.NotBefore.IsZero() {
 		req.LeaseTTL = l.ttl

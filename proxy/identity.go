@@ -18,6 +18,10 @@ const (
 	HeaderRunID      = "X-Run-ID"
 	HeaderRunVersion = "X-Run-Version"
 	HeaderRunToken   = "X-Run-Token"
+	// HeaderBindTunnel: "1" on a CONNECT binds every request inside the
+	// tunnel to the CONNECT's run, whatever identity those requests carry
+	// (stopgate exec sets it for the connections it carries).
+	HeaderBindTunnel = "X-Stopgate-Bind-Tunnel"
 )
 
 // keyRunID is HeaderRunID as net/http keys it (http.CanonicalHeaderKey):

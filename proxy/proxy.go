@@ -128,7 +128,10 @@ type Proxy struct {
 	// upstream is roundTrip as goproxy takes it, made once: a method
 	// value made per request is an allocation per request.
 	upstream goproxy.RoundTripper
-	mitmTLS  func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
+	// tunnels hands intercepted tunnels' connections to tunnelSrv, which
+	// reads their requests.
+	tunnels   *connQueue
+	tunnelSrv *http.Server
 }
 
 // UpstreamTransport is the transport the proxy sends requests upstream
@@ -230,8 +233,15 @@ func New(cfg Config) (*Proxy, error) {
 	})
 	if cfg.CA != nil {
 		gp.CertStore = &CertCache{}
-		p.mitmTLS = goproxy.TLSConfigFromCA(&cfg.CA.Cert)
 	}
+	p.tunnels = newConnQueue()
+	p.tunnelSrv = newRequestServer(p.serveIntercepted, cfg.IdleTimeout, p.log.With("mode", "tunnel"), func(ctx context.Context, c net.Conn) context.Context {
+		if tc, ok := c.(*tls.Conn); ok {
+			c = tc.NetConn()
+		}
+		return context.WithValue(ctx, interceptedKey{}, c)
+	})
+	go func() { _ = p.tunnelSrv.Serve(p.tunnels) }()
 	gp.OnRequest().HandleConnectFunc(p.handleConnect)
 	gp.OnRequest().DoFunc(p.handleRequest)
 	p.gp = gp
@@ -252,9 +262,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"the proxy holds %d open exchanges, its cap (--max-conns): try again when some have ended; nothing was sent", p.cfg.MaxConns))
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), slotKey{}, s))
 	if r.Method == http.MethodConnect {
 		// The tunnel outlives ServeHTTP: its client connection frees the slot.
+		r = r.WithContext(context.WithValue(r.Context(), slotKey{}, s))
 		p.gp.ServeHTTP(&hijackWriter{ResponseWriter: w, slot: s}, r)
 		if !s.hijacked {
 			s.free()
@@ -262,6 +272,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.free()
+	p.serve(w, r, s)
+}
+
+// serve serves a request that is not a CONNECT, counted under the caps in
+// s: its own slot, or the tunnel's it was read inside.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, s *slot) {
+	r = r.WithContext(context.WithValue(r.Context(), slotKey{}, s))
 	if r.Body != nil && r.Body != http.NoBody {
 		body := &deadlineBody{ReadCloser: r.Body, rc: *http.NewResponseController(w), idle: p.cfg.IdleTimeout}
 		r.Body = body
@@ -332,6 +349,13 @@ func (w *upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // CutAll cuts every open flow, recording why: for a shutdown, so that what
 // was in flight is recorded now rather than when its lease expires.
 func (p *Proxy) CutAll(reason string) { p.flows.cutAll(reason) }
+
+// Close closes every intercepted tunnel's connection; open flows are cut
+// first by CutAll.
+func (p *Proxy) Close() error {
+	_ = p.tunnels.Close()
+	return p.tunnelSrv.Close()
+}
 
 // slogPrintf lets goproxy's warnings reach the structured log.
 type slogPrintf struct{ log *slog.Logger }

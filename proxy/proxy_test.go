@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -183,19 +184,31 @@ func TestIdempotencyKeyRules(t *testing.T) {
 		t.Fatalf("first attempt: %d", code)
 	}
 	resp, body = do(t, c, "POST", up.URL+"/slow", strings.NewReader("B"), h)
-	if r := decodeRefusal(t, body); resp.StatusCode != 422 || r.Error != "idempotency_key_reused" {
+	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "idempotency_key_reused" {
 		t.Fatalf("same key, other body: %d %s", resp.StatusCode, body)
 	}
-	resp, _ = do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
-	if resp.StatusCode != 201 || resp.Header.Get(refusal.IntentHeader) != "charge-1" {
-		t.Fatalf("replay after RESPONDED: %d %v", resp.StatusCode, resp.Header)
+	// The effect is over: a replay gets its record, never a second charge.
+	resp, body = do(t, c, "POST", up.URL+"/slow", strings.NewReader("A"), h)
+	var over struct {
+		Error  string       `json:"error"`
+		Record state.Intent `json:"intent_record"`
+	}
+	if err := json.Unmarshal(body, &over); err != nil || resp.StatusCode != 409 || over.Error != "idempotency_key_reused" ||
+		over.Record.State != state.IntentResponded || over.Record.StatusCode != 201 || resp.Header.Get(refusal.IntentHeader) != "charge-1" {
+		t.Fatalf("replay after RESPONDED: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// Another request under the key is refused too, whatever its body.
+	resp, body = do(t, c, "GET", up.URL+"/harmless", nil, h)
+	if r := decodeRefusal(t, body); resp.StatusCode != 409 || r.Error != "idempotency_key_reused" {
+		t.Fatalf("a GET under a finished POST's key: %d %s", resp.StatusCode, body)
 	}
 	// Duplicates are refused without touching the record; the audit log has them.
-	if in := e.intent("r4", "charge-1"); in.Attempts != 2 || in.State != state.IntentResponded || in.Refusals != 0 {
+	if in := e.intent("r4", "charge-1"); in.Attempts != 1 || in.State != state.IntentResponded || in.Refusals != 0 ||
+		in.Method != "POST" || !strings.HasSuffix(in.Target, "/slow") || in.StatusCode != 201 {
 		t.Fatalf("intent after replays %+v", in)
 	}
-	if up.Hits.Load() != 2 {
-		t.Fatalf("upstream hits %d, want 2", up.Hits.Load())
+	if up.Hits.Load() != 1 {
+		t.Fatalf("upstream hits %d, want 1", up.Hits.Load())
 	}
 	if got := up.LastHeader().Get("Idempotency-Key"); got != "charge-1" {
 		t.Fatalf("Idempotency-Key must reach the provider, got %q", got)

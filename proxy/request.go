@@ -28,11 +28,9 @@ import (
 type exchange struct {
 	id    identity
 	hasID bool
-	// inTunnel: the request came inside a MITM'd CONNECT.
-	inTunnel bool
-	start    time.Time
-	flow     *flow
-	body     *spooledBody
+	start time.Time
+	flow  *flow
+	body  *spooledBody
 	// admitted, answer and intentHeader are what flow, the answer's body
 	// and its intent header point to: kept here, an admitted request's
 	// flow and answer cost no allocations of their own.
@@ -125,18 +123,8 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	ex := &exchange{start: time.Now()}
 	fallback := p.boundRun(req)
 	s := slotOf(req.Context())
-	tunnel := exchangeOf(pctx)
-	if tunnel != nil {
-		ex.inTunnel = true
-		// A request inside a tunnel: the tunnel has started, and from now
-		// on its client's silences are bounded by the idle timeout.
-		s = tunnel.slot
-		if s != nil {
-			s.mode.CompareAndSwap(readHandshake, readIdle)
-		}
-		if tunnel.hasID {
-			fallback = &tunnel.id
-		}
+	if tunnel := tunnelOf(req.Context()); tunnel != nil && tunnel.hasID {
+		fallback = &tunnel.id
 	}
 	pctx.UserData = ex
 	id, err := identify(req.Header, fallback, p.tokens)
@@ -431,7 +419,7 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	ex.intentHeader[0] = f.intent.Key
 	resp.Header[refusal.IntentHeader] = ex.intentHeader[:]
 	upstreamBody := resp.Body
-	ex.answer = flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: !ex.inTunnel}
+	ex.answer = flowBody{ReadCloser: upstreamBody, p: p, ex: ex, reqCtx: req.Context(), abort: true}
 	body := &ex.answer
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		// A cut ends the body through the transport, which watches the
@@ -529,11 +517,10 @@ type flowBody struct {
 	ex *exchange
 	// reqCtx is the request's context, for the line of a cut answer.
 	reqCtx context.Context
-	// abort: the answer goes back through net/http's server (a plain
-	// request), which ends a body that stops early with a clean last
-	// chunk; only aborting the handler makes the cut visible there.
-	// Inside a tunnel the answer is written on the connection itself,
-	// which a read error leaves without its last chunk.
+	// abort: the answer goes back through net/http's server (every
+	// request, inside a tunnel too), which ends a body that stops early
+	// with a clean last chunk; only aborting the handler makes the cut
+	// visible there. An upgraded connection is closed instead.
 	abort bool
 	// stopCloser, for an upgraded connection, stops a cut from closing
 	// the body once it is done.

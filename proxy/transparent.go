@@ -98,19 +98,9 @@ func (p *Proxy) NewTransparent(opts TransparentOptions) (*Transparent, error) {
 	}
 	// Like the proxy listener's server: no read or write timeout, since
 	// streams and long provider calls are the traffic; headers are bounded.
-	t.srv = &http.Server{
-		Handler:           http.HandlerFunc(t.serveRequest),
-		ReadHeaderTimeout: sniffTimeout,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, asTransparentConn(c))
-		},
-		// HTTP/1.1 only, as towards the upstream: "were any bytes written?"
-		// stays answerable per request.
-		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
-		ErrorLog:     slog.NewLogLogger(t.log.Handler(), slog.LevelDebug),
-	}
+	t.srv = newRequestServer(t.serveRequest, p.cfg.IdleTimeout, t.log, func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, asTransparentConn(c))
+	})
 	go func() { _ = t.srv.Serve(t.queue) }()
 	return t, nil
 }
@@ -262,7 +252,7 @@ func (t *Transparent) handle(c net.Conn) {
 			t.refuse(od, refusal.InterceptionDisabled, "TLS to "+host+": this proxy has no CA to intercept it and it is not a pass-through host")
 			return
 		}
-		handed = t.queue.hand(tls.Server(tc, t.mitmConfig(tc)))
+		handed = t.queue.hand(tls.Server(tc, t.p.mitmConfig(tc.od.Addr().String())))
 		return
 	}
 	if !looksLikeHTTP(br) {
@@ -416,22 +406,6 @@ func (t *Transparent) refuse(od netip.AddrPort, code refusal.Code, msg string) {
 		d.Intent, d.Recorded = res.Intent.Key, res.Intent.State
 	}
 	t.p.tel.Decided(context.Background(), d)
-}
-
-// mitmConfig presents, for the name the client asked for, a certificate
-// minted by the proxy's CA, from the same cache proxy mode uses.
-func (t *Transparent) mitmConfig(tc *transparentConn) *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-			name := hello.ServerName
-			if name == "" {
-				name = tc.od.Addr().String()
-			}
-			return t.p.mitmCert(name)
-		},
-	}
 }
 
 func (p *Proxy) mitmCert(name string) (*tls.Certificate, error) {

@@ -433,10 +433,10 @@ func TestRefusedBeforeTheBodyIsSent(t *testing.T) {
 	}
 }
 
-// TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne: a 407 inside a
-// tunnel is one no client can answer, so wherever the identity cannot come
-// from the requests inside, the CONNECT itself gets the 407.
-func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
+// TestConnectNeedsAnIdentity: a 407 inside a tunnel is one no client can
+// answer (git and curl --proxy-anyauth send credentials only after a 407),
+// so an anonymous CONNECT gets its 407 at the CONNECT, whatever the host.
+func TestConnectNeedsAnIdentity(t *testing.T) {
 	signer, err := runtoken.New([]byte("0123456789abcdef0123456789abcdef"))
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
 	}{
 		{"a required token", envOptions{tokens: signer, requireTok: true}, 407},
 		{"a pass-through host", envOptions{passThrough: []string{"127.0.0.1"}}, 407},
-		{"an intercepted host: the requests inside may name their run", envOptions{}, 200},
+		{"an intercepted host", envOptions{}, 407},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.opts)
@@ -468,6 +468,47 @@ func TestConnectNeedsAnIdentityWhereNoRequestCanGiveOne(t *testing.T) {
 				t.Fatal("407 without Proxy-Authenticate")
 			}
 		})
+	}
+}
+
+// TestABoundTunnelKeepsItsRun: requests inside an intercepted tunnel may
+// name another run with X-Run-ID, unless the CONNECT bound the tunnel to its
+// own (what stopgate exec does for a sandboxed command): then whatever they
+// name, they are the CONNECT's run's, and the header never goes upstream.
+func TestABoundTunnelKeepsItsRun(t *testing.T) {
+	var leaked atomic.Int64
+	up := newUpstream(t, true, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Run-Id") != "" {
+			leaked.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	e := newEnv(t, envOptions{})
+	e.admit("carrier")
+	e.admit("victim")
+	for _, tc := range []struct {
+		name  string
+		bind  bool
+		owner string
+	}{{"not bound: the header names the run", false, "victim"}, {"bound: the CONNECT's run", true, "carrier"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.client("carrier", 1)
+			if tc.bind {
+				tr := c.Transport.(*http.Transport)
+				tr.ProxyConnectHeader = http.Header{proxy.HeaderBindTunnel: {"1"}}
+			}
+			resp, body := do(t, c, "POST", up.URL+"/"+tc.owner, strings.NewReader("x"), http.Header{"X-Run-Id": {"victim"}})
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			key := resp.Header.Get(refusal.IntentHeader)
+			if in := e.intent(tc.owner, key); in.Target != up.URL+"/"+tc.owner {
+				t.Fatalf("recorded under %s as %+v", tc.owner, in)
+			}
+		})
+	}
+	if n := leaked.Load(); n != 0 {
+		t.Fatalf("X-Run-ID reached the upstream %d times", n)
 	}
 }
 
@@ -700,5 +741,84 @@ func TestRequestsThatComeBackThroughTheProxyAreRefused(t *testing.T) {
 	wantRefusal(t, "a request back through the proxy", resp, body, 403, refusal.DestinationDenied)
 	if up.Hits.Load() != 0 || len(e.intents("victim")) != 0 {
 		t.Fatalf("the agent spent the victim's effects: hits %d, intents %+v", up.Hits.Load(), e.intents("victim"))
+	}
+}
+
+// TestHeadersInsideATunnelAreBoundedAsOutside: a request read inside an
+// intercepted tunnel, TLS or plain, is held to the proxy listener's bounds:
+// headers past MaxHeaderBytes are a 431 and the connection is closed, and
+// headers trickled a byte at a time are cut at ReadHeaderTimeout. Before,
+// goproxy's own loop read a header line of any size (150 MB lines took
+// three tunnels to 1.5 GB) for as long as it came.
+func TestHeadersInsideATunnelAreBoundedAsOutside(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	up := newUpstream(t, true, nil)
+	e.admit("hdr")
+	auth := "Proxy-Authorization: " + basicAuth("hdr:1") + "\r\n"
+	open := func(t *testing.T, tlsInside bool) *raw {
+		c := e.raw(t)
+		if resp := c.connect(up.Listener.Addr().String(), auth); resp.StatusCode != 200 {
+			t.Fatalf("CONNECT: %d", resp.StatusCode)
+		}
+		if tlsInside {
+			c.intercepted(e, "127.0.0.1")
+		}
+		return c
+	}
+	for _, tlsInside := range []bool{true, false} {
+		name := map[bool]string{true: "TLS", false: "plain HTTP"}[tlsInside]
+		t.Run(name+": headers past the limit are a 431", func(t *testing.T) {
+			c := open(t, tlsInside)
+			// Past the proxy's limit, and well within the upstream's (net/http's
+			// 1 MB): the 431 can only be the proxy's.
+			big := strings.Repeat("a", proxy.MaxHeaderBytes+64<<10)
+			// The proxy answers and closes once the limit is passed: the
+			// rest of the line need not all be taken.
+			go func() {
+				_, _ = io.WriteString(c.conn, "GET / HTTP/1.1\r\nHost: "+up.Listener.Addr().String()+"\r\nX-Big: "+big+"\r\n\r\n")
+			}()
+			resp, err := http.ReadResponse(c.r, &http.Request{Method: http.MethodGet})
+			if err != nil {
+				t.Fatalf("no answer to an oversized header: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+				t.Fatalf("oversized header inside the tunnel: %d, want 431", resp.StatusCode)
+			}
+			if up.Hits.Load() != 0 {
+				t.Fatalf("the upstream was reached: %d", up.Hits.Load())
+			}
+		})
+		t.Run(name+": headers trickled past the header timeout are cut", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("waits for the header timeout")
+			}
+			t.Parallel()
+			c := open(t, tlsInside)
+			start := time.Now()
+			c.send("GET / HTTP/1.1\r\nHost: " + up.Listener.Addr().String() + "\r\n")
+			closed := make(chan error, 1)
+			go func() {
+				_, err := c.r.ReadByte()
+				for err == nil {
+					_, err = c.r.ReadByte()
+				}
+				closed <- err
+			}()
+			tick := time.NewTicker(200 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case err := <-closed:
+					if d := time.Since(start); d < proxy.ReadHeaderTimeout-time.Second || d > proxy.ReadHeaderTimeout+3*time.Second {
+						t.Fatalf("a trickled header was let go after %s (%v), want about %s", d, err, proxy.ReadHeaderTimeout)
+					}
+					return
+				case <-tick.C:
+					// One more byte of a header that never ends.
+					_, _ = io.WriteString(c.conn, "X")
+				}
+			}
+		})
 	}
 }

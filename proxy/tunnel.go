@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +35,11 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 	}
 	reject := func(r *refusal.Refusal) (*goproxy.ConnectAction, string) {
 		pctx.Resp = p.refuse(req, ex, boundary, r)
+		// goproxy closes the connection after a refused CONNECT: say so, or
+		// a client answering a 407 (libcurl's anyauth) sends its credentials
+		// on a connection that is gone ("Proxy CONNECT aborted").
+		pctx.Resp.Close = true
+		pctx.Resp.Header.Set("Connection", "close")
 		return &goproxy.ConnectAction{Action: goproxy.ConnectReject}, host
 	}
 	if !passThrough && p.cfg.CA == nil {
@@ -43,14 +47,17 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 			"this proxy has no CA to intercept %s and it is not a pass-through host", host))
 	}
 	id, err := identify(req.Header, p.boundRun(req), p.tokens)
+	anonymous := errors.Is(err, errNoIdentity)
 	switch {
 	case err == nil:
 		ex.id, ex.hasID = id, true
-	case errors.Is(err, errNoIdentity) && !passThrough && !p.tokens.require:
-		// Requests inside the intercepted tunnel may name their run with
-		// X-Run-ID. Nothing inside a tunnel can answer a 407, so wherever
-		// the identity cannot come from inside (a pass-through tunnel, a
-		// required token), the CONNECT itself gets the 407.
+		// A tunnel whose client asked for it (stopgate exec, carrying a
+		// sandboxed command's connections) keeps the CONNECT's run for
+		// every request inside: nothing the command sends names another.
+		ex.id.bound = ex.id.bound || req.Header.Get(HeaderBindTunnel) == "1"
+	case anonymous:
+		// Answered 407 below, once the destination is known to be allowed:
+		// a 407 inside a tunnel is one no client can act on.
 	default:
 		return reject(identityRefusal(err))
 	}
@@ -67,8 +74,18 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 	if r := p.destination(req, ex, checkedAddr(req.Context(), host)); r != nil {
 		return reject(p.denied(req, ex, r, greq))
 	}
+	if anonymous {
+		// An anonymous CONNECT is answered 407 here, where the client can
+		// answer it (libcurl's anyauth, so git, sends its credentials only
+		// after one), rather than let in to meet a 407 inside the tunnel.
+		// A client naming its run per request with X-Run-ID names one at
+		// the CONNECT too (credentials, X-Run-ID on the CONNECT, or --run).
+		return reject(identityRefusal(err))
+	}
 	if !passThrough {
-		return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.interceptTLS(ex.slot)}, host
+		return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
+			p.intercept(client, host, ex)
+		}}, host
 	}
 
 	if ex.slot != nil {
@@ -81,23 +98,6 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(req *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		p.tunnel(req, client, host, ex)
 	}}, host
-}
-
-// interceptTLS is the TLS configuration of an intercepted tunnel: the
-// handshake ends the tunnel's start, and with it the handshake deadline.
-func (p *Proxy) interceptTLS(s *slot) func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
-	return func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
-		cfg, err := p.mitmTLS(host, ctx)
-		if err != nil || s == nil {
-			return cfg, err
-		}
-		cfg = cfg.Clone()
-		cfg.VerifyConnection = func(tls.ConnectionState) error {
-			s.mode.CompareAndSwap(readHandshake, readIdle)
-			return nil
-		}
-		return cfg, nil
-	}
 }
 
 // tunnel carries a pass-through CONNECT, unseen, until either side closes,

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -87,10 +88,18 @@ func TestInstallRemoveInANetworkNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer udpOther.Close()
+	// Port 53 of an address that is not the resolver named: a way out
+	// for anything, were port 53 enough.
+	udpOther53, err := net.ListenPacket("udp", "127.0.0.2:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udpOther53.Close()
+	resolver := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}
 
 	// Install twice, the second time to another port: idempotent, one jump per table.
 	for _, port := range []uint16{15001, 15002} {
-		if err := redirect.Install(ctx, redirect.Rules{UID: uid, Port: port}); err != nil {
+		if err := redirect.Install(ctx, redirect.Rules{UID: uid, Port: port, DNS: resolver}); err != nil {
 			t.Fatalf("install to %d: %v", port, err)
 		}
 	}
@@ -110,9 +119,9 @@ func TestInstallRemoveInANetworkNamespace(t *testing.T) {
 			t.Errorf("curl %s as uid %d: %v %q", target, uid, err, out)
 		}
 	}
-	// Other traffic is refused, DNS excepted.
+	// Other traffic is refused, DNS to the resolver named excepted.
 	script := `const d=require('dgram').createSocket('udp4');
-d.send('dns',53,'127.0.0.1',()=>d.send('other',9999,'127.0.0.1',(e)=>{console.log(e?'refused '+e.code:'sent');d.close()}))`
+d.send('dns',53,'127.0.0.1',()=>d.send('other',9999,'127.0.0.1',()=>d.send('x'.repeat(1024),53,'127.0.0.2',(e)=>{console.log(e?'refused '+e.code:'sent');d.close()})))`
 	out, err := asUID(t, "node", "-e", script)
 	t.Logf("node udp as uid %d: %v %s", uid, err, out)
 	buf := make([]byte, 16)
@@ -120,9 +129,11 @@ d.send('dns',53,'127.0.0.1',()=>d.send('other',9999,'127.0.0.1',(e)=>{console.lo
 	if n, _, err := udp53.ReadFrom(buf); err != nil || string(buf[:n]) != "dns" {
 		t.Errorf("DNS over UDP did not get through: %v %q", err, buf[:n])
 	}
-	_ = udpOther.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-	if n, _, err := udpOther.ReadFrom(buf); err == nil {
-		t.Errorf("UDP to another port got through: %q", buf[:n])
+	for name, ln := range map[string]net.PacketConn{"another port": udpOther, "port 53 of another address": udpOther53} {
+		_ = ln.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		if n, _, err := ln.ReadFrom(buf); err == nil {
+			t.Errorf("UDP to %s got through: %q", name, buf[:n])
+		}
 	}
 
 	// Not root: iptables says so, and we recognise it.

@@ -2,7 +2,8 @@
 // the kernel rules that put one user behind stopgate's transparent listener:
 // every TCP connection the uid opens is redirected (iptables nat REDIRECT)
 // to the listener's port, and every other packet it sends is refused but DNS
-// (UDP port 53), so nothing it runs reaches the network around the guard,
+// to the resolvers named (UDP to their address and port, nothing else over
+// UDP), so nothing it runs reaches the network around the guard,
 // whatever proxy settings it honours or ignores. The same rules go into
 // ip6tables; where IPv6 is up and ip6tables is missing, Install fails
 // rather than leave IPv6 open.
@@ -21,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
@@ -33,6 +35,10 @@ type Rules struct {
 	// Port is the transparent listener's port; REDIRECT sends a local
 	// connection to 127.0.0.1 (or ::1) at this port.
 	Port uint16
+	// DNS are the resolvers the uid may send UDP to (Resolvers reads
+	// them from /etc/resolv.conf): every other datagram is refused, since
+	// "any UDP to port 53" is a tunnel to any address that answers there.
+	DNS []netip.AddrPort
 }
 
 // Errors callers can test for.
@@ -66,6 +72,11 @@ const lockWait = "5"
 func Install(ctx context.Context, r Rules) error {
 	if r.Port == 0 {
 		return errors.New("redirect: port 0: want the transparent listener's port")
+	}
+	for _, d := range r.DNS {
+		if !d.IsValid() || d.Port() == 0 {
+			return fmt.Errorf("redirect: resolver %q: want an address and a port", d)
+		}
 	}
 	fams, err := available()
 	if err != nil {
@@ -142,8 +153,13 @@ func RestoreInput(r Rules, v6 bool) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "*filter\n:%s - [0:0]\n", chain)
-	// DNS, so that names resolve; everything else but TCP is refused.
-	fmt.Fprintf(&b, "-A %s -p udp --dport 53 -j ACCEPT\n", chain)
+	// DNS to the resolvers named, so that names resolve; everything else
+	// but TCP is refused. Each family gets its own family's resolvers.
+	for _, d := range r.DNS {
+		if a := d.Addr().Unmap(); a.Is4() != v6 {
+			fmt.Fprintf(&b, "-A %s -d %s -p udp --dport %d -j ACCEPT\n", chain, a, d.Port())
+		}
+	}
 	// TCP the nat chain redirected to the listener.
 	fmt.Fprintf(&b, "-A %s -p tcp -m conntrack --ctstate DNAT -j ACCEPT\n", chain)
 	// Answers on connections others opened to the uid (its own servers).
@@ -290,4 +306,51 @@ func available() ([]family, error) {
 func ipv6Up() bool {
 	b, err := os.ReadFile("/proc/net/if_inet6")
 	return err == nil && len(bytes.TrimSpace(b)) > 0
+}
+
+// ResolvConf is where the system's resolvers are named.
+const ResolvConf = "/etc/resolv.conf"
+
+// Resolvers reads the nameserver lines of a resolv.conf file, each at port
+// 53. A file that names none is an error: with no resolver, nothing would
+// resolve, and the caller should say so rather than refuse all DNS.
+func Resolvers(path string) ([]netip.AddrPort, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the resolvers: %w", err)
+	}
+	var out []netip.AddrPort
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		// A link-local IPv6 resolver may carry a zone (fe80::1%eth0).
+		host, _, _ := strings.Cut(f[1], "%")
+		a, err := netip.ParseAddr(host)
+		if err != nil {
+			continue
+		}
+		out = append(out, netip.AddrPortFrom(a.Unmap(), 53))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s names no nameserver: give the resolvers to use (--dns)", path)
+	}
+	return out, nil
+}
+
+// ParseResolver reads a resolver as --dns gives it: an address, with an
+// optional port (53 when none).
+func ParseResolver(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		if ap.Port() == 0 {
+			return netip.AddrPort{}, fmt.Errorf("resolver %q: port 0", s)
+		}
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+	}
+	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolver %q: want an IP address, optionally with :PORT", s)
+	}
+	return netip.AddrPortFrom(a.Unmap(), 53), nil
 }

@@ -104,11 +104,9 @@ const StatusClientClosed = 499
 // HTTP. docs/refusals.md is this table in prose.
 func (c Code) Status() int {
 	switch c {
-	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress,
+	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress, KeyReused,
 		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound:
 		return http.StatusConflict
-	case KeyReused:
-		return http.StatusUnprocessableEntity
 	case NoRunIdentity:
 		return http.StatusProxyAuthRequired
 	case Unauthorized, BadSignature:
@@ -155,6 +153,9 @@ type Refusal struct {
 	// IntentState is the state of the existing intent that refused a
 	// replay (intent_in_progress, idempotency_key_reused).
 	IntentState state.IntentState
+	// Record is the existing intent that refused a replay, as it stands:
+	// the recorded answer of a key whose effect is under way or over.
+	Record *state.Intent
 	// Recorded is what the ledger now says of this effect: the guard's
 	// CANCELLED_BEFORE_DISPATCH, or the outcome of an admitted effect that
 	// was then cut or failed (NOT_SENT, UNKNOWN, NOT_APPLIED).
@@ -203,17 +204,35 @@ func FromGuard(req state.GuardRequest, res state.GuardResult) *Refusal {
 		r.Message = fmt.Sprintf("run %s was never admitted and auto-admit is off: admit it first (stopgate admit %s); nothing was sent or recorded",
 			req.RunID, req.RunID)
 	case IntentInProgress:
-		r.IntentState = res.Intent.State
+		r.IntentState, r.Record = res.Intent.State, &res.Intent
 		r.Message = fmt.Sprintf("intent %s of run %s is %s: no second dispatch while the first is unresolved; nothing was sent",
 			res.Intent.Key, req.RunID, res.Intent.State)
 	case KeyReused:
-		r.IntentState = res.Intent.State
-		r.Message = fmt.Sprintf("idempotency key %s of run %s was used for a different request body: one key, one effect; nothing was sent",
-			res.Intent.Key, req.RunID)
+		r.IntentState, r.Record = res.Intent.State, &res.Intent
+		r.Message = keyReused(req, res.Intent)
 	default:
 		r.Message = fmt.Sprintf("the guard refused %s of run %s: %s; nothing was sent", res.Intent.Key, req.RunID, res.Refusal)
 	}
 	return r
+}
+
+// keyReused says why a key that names a record may not dispatch: the
+// record is another effect, or its effect is over (state.ReplayRefusal).
+func keyReused(req state.GuardRequest, rec state.Intent) string {
+	switch {
+	case rec.Boundary != req.Boundary || rec.Method != req.Method || rec.Target != req.Target:
+		return fmt.Sprintf("idempotency key %s of run %s names another effect (%s %s %s, %s): one key, one effect; nothing was sent",
+			rec.Key, req.RunID, rec.Boundary, rec.Method, rec.Target, rec.State)
+	case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
+		return fmt.Sprintf("idempotency key %s of run %s was used for a different request body: one key, one effect; nothing was sent",
+			rec.Key, req.RunID)
+	}
+	answer := string(rec.State)
+	if rec.StatusCode != 0 {
+		answer += " " + strconv.Itoa(rec.StatusCode)
+	}
+	return fmt.Sprintf("idempotency key %s of run %s names an effect that is over (%s after %d attempt(s)): its record stands as it is, in intent_record; nothing was sent",
+		rec.Key, req.RunID, answer, rec.Attempts)
 }
 
 // Over is the refusal of what a run that is over (CANCELLED, COMPLETED,

@@ -24,12 +24,13 @@ type body struct {
 	Intent          string            `json:"intent,omitempty"`
 	IntentState     state.IntentState `json:"intent_state,omitempty"`
 	Recorded        state.IntentState `json:"recorded,omitempty"`
+	Record          *state.Intent     `json:"intent_record,omitempty"`
 	Run             *state.Run        `json:"run,omitempty"`
 }
 
 // MarshalJSON writes the refusal's body.
 func (r *Refusal) MarshalJSON() ([]byte, error) {
-	b := body{Error: r.Code, Message: r.Message, RunID: r.RunID, Intent: r.Intent, IntentState: r.IntentState, Recorded: r.Recorded}
+	b := body{Error: r.Code, Message: r.Message, RunID: r.RunID, Intent: r.Intent, IntentState: r.IntentState, Recorded: r.Recorded, Record: r.Record}
 	if r.RunID != "" {
 		observed := r.ObservedVersion
 		b.ObservedVersion = &observed
@@ -50,7 +51,7 @@ func (r *Refusal) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &b); err != nil {
 		return err
 	}
-	*r = Refusal{Code: b.Error, Message: b.Message, RunID: b.RunID, Intent: b.Intent, IntentState: b.IntentState, Recorded: b.Recorded, Run: b.Run}
+	*r = Refusal{Code: b.Error, Message: b.Message, RunID: b.RunID, Intent: b.Intent, IntentState: b.IntentState, Recorded: b.Recorded, Record: b.Record, Run: b.Run}
 	if b.ObservedVersion != nil {
 		r.ObservedVersion = *b.ObservedVersion
 	}

@@ -288,6 +288,27 @@ type GuardRequest struct {
 	NotAfter time.Time
 }
 
+// Fenced is r fenced by ctx's deadline, so that no caller can forget the
+// fence: NotAfter becomes the point halfway between now and the deadline
+// (unless r already has an earlier one). The caller waits until the
+// deadline; a store that applies the guard only before the fence leaves
+// half the wait as a margin for the store's clock being behind this host's,
+// and a guard the caller gave up on (a paused Redis resuming, a queue
+// behind the embedded store's writer) never takes effect later. Each store
+// fences every guard with it, after bounding ctx by its own timeout; a ctx
+// without a deadline sets no fence.
+func (r GuardRequest) Fenced(ctx context.Context) GuardRequest {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return r
+	}
+	now := time.Now()
+	if fence := now.Add(deadline.Sub(now) / 2); r.NotAfter.IsZero() || fence.Before(r.NotAfter) {
+		r.NotAfter = fence
+	}
+	return r
+}
+
 // Late reports whether a store whose clock reads now must refuse the guard
 // because its NotAfter has passed. Times compare in whole milliseconds, the
 // stores' resolution.

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,18 +31,32 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	s.must(t, 0, "admit", "env-run")
 
 	// curl reads lower-case http_proxy for plain HTTP: it goes through the guard.
-	code, out, errOut := s.stopgate(t, "exec", "--run", "env-run", "--", "curl", "-sS", "-X", "POST", up.URL+"/exec-env")
+	code, out, errOut := s.stopgate(t, "exec", "--run", "env-run", "--no-isolate", "--", "curl", "-sS", "-X", "POST", up.URL+"/exec-env")
 	if code != 0 || strings.TrimSpace(out) != "done" || hits.Load() != 1 {
 		t.Fatalf("exec curl: exit %d, %q %q, upstream %d", code, out, errOut, hits.Load())
 	}
-	for _, say := range []string{"go around the guard", "Node.js", "Go programs, for loopback", "--isolate"} {
+	for _, say := range []string{"go around the guard", "Node.js", "Go programs, for loopback", "--no-isolate"} {
 		if !strings.Contains(errOut, say) {
 			t.Errorf("stderr does not say %q:\n%s", say, errOut)
 		}
 	}
 	doc := s.audit(t, "env-run")
-	if len(doc.Intents) != 1 || doc.Intents[0].Target != up.URL+"/exec-env" || doc.Intents[0].State != state.IntentResponded {
+	var sent []state.Intent
+	for _, in := range doc.Intents {
+		if in.Method != "EXEC" {
+			sent = append(sent, in)
+		}
+	}
+	if len(sent) != 1 || sent[0].Target != up.URL+"/exec-env" || sent[0].State != state.IntentResponded {
 		t.Fatalf("audit: %+v", doc.Intents)
+	}
+	// The unisolated start is in the record, with the clients that may bypass.
+	unisolated := false
+	for _, e := range doc.Events {
+		unisolated = unisolated || (e.Kind == "exec.unisolated" && strings.Contains(e.Reason, "Node.js"))
+	}
+	if !unisolated {
+		t.Errorf("no exec.unisolated event naming the clients that bypass: %+v", doc.Events)
 	}
 
 	// The variables every common runtime reads, in both cases; no exception list.
@@ -50,7 +67,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, env, _ := runBinary(t, []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_CONTROL_TOKEN=" + strings.TrimSpace(string(token)), "NO_PROXY=*", "no_proxy=*", "HTTPS_PROXY=http://elsewhere:1"},
-		"exec", "--run", "env-run", "--", "env")
+		"exec", "--run", "env-run", "--no-isolate", "--", "env")
 	vars := map[string]string{}
 	for _, line := range strings.Split(env, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
@@ -63,7 +80,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 			t.Errorf("%s=%q, want %q", k, vars[k], proxyURL)
 		}
 	}
-	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"} {
+	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "WGETRC", "STOPGATE_CANCEL_FILE"} {
 		if vars[k] == "" {
 			t.Errorf("%s is not set", k)
 		}
@@ -78,7 +95,7 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	}
 
 	// The exit status is the command's; a run that admits nothing starts nothing.
-	if code, _, _ := s.stopgate(t, "exec", "--run", "env-run", "--", "sh", "-c", "exit 7"); code != 7 {
+	if code, _, _ := s.stopgate(t, "exec", "--run", "env-run", "--no-isolate", "--", "sh", "-c", "exit 7"); code != 7 {
 		t.Errorf("exit status %d, want 7", code)
 	}
 	s.must(t, 0, "cancel", "env-run")
@@ -88,7 +105,8 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 	if msg := s.must(t, 2, "exec", "--", "true"); !strings.Contains(msg, "--run is required") {
 		t.Errorf("exec without --run: %q", msg)
 	}
-	if msg := s.must(t, 1, "exec", "--run", "other", "--isolate", "--uid", "61050", "--", "true"); !strings.Contains(msg, "--isolate needs root") && !strings.Contains(msg, "--transparent-addr") {
+	s.must(t, 0, "admit", "other")
+	if msg := s.must(t, 1, "exec", "--run", "other", "--isolate", "--uid", "61050", "--", "true"); !strings.Contains(msg, "needs root") && !strings.Contains(msg, "--transparent-addr") {
 		t.Errorf("exec --isolate without transparent mode: %q", msg)
 	}
 }
@@ -126,6 +144,68 @@ func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
 	for _, bad := range []control.BindingRequest{{RunID: "no-uid"}, {UID: &uid}, {UID: &uid, RunID: "r", CancelVersion: -1}} {
 		if _, err := cl.Bind(ctx, bad); !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest {
 			t.Errorf("bind %+v: %v", bad, err)
+		}
+	}
+}
+
+// TestNoIsolateGitAndProxyAnyauth: with the proxy environment alone, git
+// over HTTPS and curl --proxy-anyauth go through the guard. Both send their
+// CONNECT without credentials first (libcurl's anyauth) and answer the 407
+// they get at the CONNECT with the run's credentials.
+func TestNoIsolateGitAndProxyAnyauth(t *testing.T) {
+	for _, tool := range []string{"git", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is needed: %v", tool, err)
+		}
+	}
+	work := t.TempDir()
+	gitIn := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "HOME="+work)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	src, bare := filepath.Join(work, "src"), filepath.Join(work, "served", "repo.git")
+	gitIn(work, "init", "-q", "-b", "main", src)
+	if err := os.WriteFile(filepath.Join(src, "README"), []byte("guarded\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitIn(src, "add", "README")
+	gitIn(src, "commit", "-q", "-m", "first")
+	gitIn(work, "clone", "-q", "--bare", src, bare)
+	gitIn(bare, "update-server-info") // the dumb HTTP protocol: plain files
+	up := httptest.NewTLSServer(http.FileServer(http.Dir(filepath.Join(work, "served"))))
+	defer up.Close()
+	roots := filepath.Join(work, "upstream-ca.pem")
+	if err := os.WriteFile(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServeEnv(t, []string{"SSL_CERT_FILE=" + roots}, "--data-dir", t.TempDir())
+	s.must(t, 0, "admit", "git-run")
+	env := []string{"STOPGATE_CONTROL=" + s.control, "STOPGATE_DATA_DIR=" + s.dataDir, "HOME=" + work}
+
+	clone := filepath.Join(work, "clone")
+	code, out, errOut := runBinary(t, env, "exec", "--run", "git-run", "--no-isolate", "--", "git", "clone", "-q", up.URL+"/repo.git", clone)
+	if code != 0 {
+		t.Fatalf("git clone over HTTPS through --no-isolate: exit %d\n%s%s", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(clone, "README")); err != nil || string(b) != "guarded\n" {
+		t.Fatalf("the clone: %q %v", b, err)
+	}
+	code, out, errOut = runBinary(t, env, "exec", "--run", "git-run", "--no-isolate", "--", "curl", "-sS", "--proxy-anyauth", "-o", "/dev/null", "-w", "%{http_code}", up.URL+"/repo.git/HEAD")
+	if code != 0 || out != "200" {
+		t.Fatalf("curl --proxy-anyauth: exit %d %q %s", code, out, errOut)
+	}
+	recorded := map[string]bool{}
+	for _, in := range s.audit(t, "git-run").Intents {
+		recorded[strings.TrimPrefix(in.Target, up.URL)] = in.State == state.IntentResponded
+	}
+	for _, path := range []string{"/repo.git/info/refs", "/repo.git/HEAD"} {
+		if !recorded[path] {
+			t.Errorf("%s is not recorded RESPONDED under git-run: %v", path, recorded)
 		}
 	}
 }

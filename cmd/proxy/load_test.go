@@ -190,3 +190,51 @@ func openFDs(pid int) int {
 	}
 	return len(entries)
 }
+
+// TestLoadOversizedHeaders measures what 100 intercepted tunnels cost the
+// proxy when each sends one request whose header line never ends (8 MB,
+// written as fast as the proxy takes it): the header bound inside a tunnel
+// is the proxy listener's (a 431 past 64 KiB), so the peak is that of 100
+// tunnels, not of 800 MB of headers.
+func TestLoadOversizedHeaders(t *testing.T) {
+	if os.Getenv("STOPGATE_LOAD") == "" {
+		t.Skip("set STOPGATE_LOAD=1 (make load) to measure oversized headers")
+	}
+	const tunnels, lineBytes = 100, 8 << 20
+	up, _ := upstreamCounter(t)
+	s := startServe(t, "--data-dir", t.TempDir(), "--log-level", "warn")
+	pid := s.Pid()
+	rss0, hwm0, _ := procStats(t, pid)
+	conns, accepted, _ := openMany(t, s.proxyAddr(), tunnels, func(i int) string {
+		return fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: x\r\nProxy-Authorization: %s\r\n\r\n", up.Listener.Addr(), basic(fmt.Sprintf("big-%d:1", i)))
+	}, http.MethodConnect)
+	if accepted != tunnels {
+		t.Fatalf("%d of %d CONNECTs accepted", accepted, tunnels)
+	}
+	chunk := bytes.Repeat([]byte("a"), 64<<10)
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() {
+			_ = c.SetWriteDeadline(time.Now().Add(60 * time.Second))
+			if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nX-Big: ", up.Listener.Addr()); err != nil {
+				return
+			}
+			for n := 0; n < lineBytes; n += len(chunk) {
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+				sent.Add(int64(len(chunk)))
+			}
+		})
+	}
+	wg.Wait()
+	rss, hwm, fds := procStats(t, pid)
+	closeAll(conns)
+	t.Logf("serve pid %d: %d tunnels, each an %d MiB header line; %d MiB taken by the proxy in all\n"+
+		"before: RSS %.1f MiB, peak %.1f MiB\nafter:  RSS %.1f MiB, peak %.1f MiB, %d descriptors",
+		pid, tunnels, lineBytes>>20, sent.Load()>>20, rss0, hwm0, rss, hwm, fds)
+	if hwm-hwm0 > 200 {
+		t.Errorf("100 oversized headers raised the peak by %.0f MiB", hwm-hwm0)
+	}
+}

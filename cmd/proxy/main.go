@@ -18,35 +18,38 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stopgate/stopgate/agentexec"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
 )
 
-const execUsage = `Usage: stopgate exec --run RUN [--version N] [--isolate] [--uid UID] -- CMD [ARGS...]
+const execUsage = `Usage: stopgate exec --run RUN [--no-isolate | --isolate --uid UID] [--admit] [--cancel-signal SIG] -- CMD [ARGS...]
 
-Runs CMD with its effects guarded and recorded under RUN, and exits with CMD's status
+Runs CMD with its effects guarded and recorded under RUN, as you, and exits with CMD's status
 (128+N when a signal N killed it); the signals stopgate receives are passed on to CMD.
-It asks the control API (--control) where the proxy and the transparent listener are,
-and for the CA.
 
-Without --isolate, CMD gets the proxy variables (both cases) naming RUN, NO_PROXY cleared,
-and the CA in every common runtime's variable (SSL_CERT_FILE, REQUESTS_CA_BUNDLE,
-CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS, GIT_SSL_CAINFO, ...); stderr lists the clients that
-ignore them.
+By default CMD runs in a sandbox of its own (user, network, PID and mount namespaces; no root
+needed): every TCP connection it opens, to any address, loopback included, is carried to the
+egress proxy under RUN, whatever it does with proxy variables; DNS goes only to the resolvers
+named (--dns, default /etc/resolv.conf's); nothing else leaves. A worker's run token
+(stopgate token RUN) is all exec needs.
 
-With --isolate (root), CMD runs as UID (default 65534, nobody) behind the kernel redirect
-to a transparent listener bound to RUN: every TCP connection it opens is guarded, whatever
-it does with proxy variables, and its other traffic but DNS is refused. Afterwards what
-is left of UID is killed and the redirect removed. Nothing else may run as UID; two
-commands isolated at once need two uids.
+When RUN's cancel commits, exec writes it into $STOPGATE_CANCEL_FILE and sends CMD's processes
+--cancel-signal (default TERM); at the drain deadline it kills them. Both are in the audit.
+A run never admitted is refused unless --admit.
+
+--no-isolate: only the proxy variables (both cases) and the CA variables; recorded in the
+run's audit, and stderr lists the clients that go around them.
+--isolate --uid UID (root): CMD runs as UID behind the kernel redirect to serve's
+--transparent-addr, as before the sandbox existed.
 `
 
-const redirectUsage = `Usage: stopgate redirect install --uid UID [--port P]
+const redirectUsage = `Usage: stopgate redirect install --uid UID [--port P] [--dns ADDR[:PORT]]...
        stopgate redirect remove --uid UID
 
 install sends every TCP connection UID opens, in this network namespace, to the
 transparent listener's port P (default: asked of --control) and refuses its other
-traffic but DNS, with iptables and ip6tables (root or CAP_NET_ADMIN). Installing again
+traffic but DNS to the resolvers named (default /etc/resolv.conf's), with iptables and ip6tables (root or CAP_NET_ADMIN). Installing again
 replaces the rules; remove takes them away (and is a no-op when there are none).
 `
 
@@ -59,6 +62,10 @@ const (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == agentexec.InitVerb {
+		// The first process of exec's sandbox: no verb of the CLI.
+		os.Exit(agentexec.Init(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := newCLI(os.Stdout, os.Stderr, os.Getenv).run(ctx, os.Args[1:])
 	stop()
@@ -75,8 +82,9 @@ type cli struct {
 	pollEvery time.Duration
 	waitSlack time.Duration
 	// tokenFrom says where the client verb's bearer token came from
-	// (empty: none was found), for the hint on a 401.
+	// (empty: none was found), for the hint on a 401; token is that token.
 	tokenFrom string
+	token     string
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) string) *cli {
@@ -252,8 +260,8 @@ Usage:
                                                schedule a retry; a cancel revokes it
   stopgate browser --run RUN [--version N]     start RUN's guarded headless browser in serve; print its ws:// URL
   stopgate token RUN [--ttl D]                 print a run token: RUN's worker's credential (proxy password, API bearer)
-  stopgate exec --run RUN [--isolate] [--uid UID] -- CMD [ARGS...]
-                                               run an unmodified agent behind the guard
+  stopgate exec --run RUN [--no-isolate | --isolate --uid UID] -- CMD [ARGS...]
+                                               run an unmodified agent in a sandbox behind the guard
   stopgate redirect install|remove --uid UID [--port P]
                                                send every TCP connection of UID to the transparent listener
   stopgate help [VERB]                         this text, or a verb's flags

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/stopgate/stopgate/redirect"
 )
@@ -15,6 +17,7 @@ import (
 type redirectOpts struct {
 	uid  int64
 	port int
+	dns  []string
 	controlFlags
 }
 
@@ -25,6 +28,7 @@ func (c *cli) redirectFlags() (*flag.FlagSet, *redirectOpts) {
 	o := &redirectOpts{}
 	fs.Int64Var(&o.uid, "uid", -1, "the user whose TCP connections are redirected (required)")
 	fs.IntVar(&o.port, "port", 0, "install: the transparent listener's port (default: asked of --control, GET /v1/endpoints)")
+	fs.Var(listValue{&o.dns}, "dns", "install: `ADDR[:PORT]` of a resolver the uid may send DNS to (repeatable; default: the nameservers of /etc/resolv.conf); no other UDP leaves")
 	o.controlFlags.define(fs, ", to learn the port")
 	return fs, o
 }
@@ -46,8 +50,8 @@ func (c *cli) redirectVerb(ctx context.Context, args []string) error {
 	}
 	uid := uint32(o.uid)
 	if pos[0] == "remove" {
-		if o.port != 0 {
-			return usagef("redirect", "--port is for install only")
+		if o.port != 0 || len(o.dns) > 0 {
+			return usagef("redirect", "--port and --dns are for install only")
 		}
 		if err := redirect.Remove(ctx, uid); err != nil {
 			return err
@@ -58,16 +62,20 @@ func (c *cli) redirectVerb(ctx context.Context, args []string) error {
 	if o.port < 0 || o.port > 65535 {
 		return usagef("redirect", "--port %d: want 1 to 65535", o.port)
 	}
+	dns, err := resolvers(o.dns)
+	if err != nil {
+		return usagef("redirect", "--dns: %v", err)
+	}
 	port := o.port
 	if port == 0 {
 		if port, err = c.transparentPort(ctx, o); err != nil {
 			return err
 		}
 	}
-	if err := redirect.Install(ctx, redirect.Rules{UID: uid, Port: uint16(port)}); err != nil {
+	if err := redirect.Install(ctx, redirect.Rules{UID: uid, Port: uint16(port), DNS: dns}); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "redirected uid %d: every TCP connection it opens goes to port %d, its other traffic but DNS is refused (chains %s)\n", uid, port, redirect.ChainName(uid))
+	fmt.Fprintf(c.stdout, "redirected uid %d: every TCP connection it opens goes to port %d, its other traffic is refused but DNS to %s (chains %s)\n", uid, port, addrList(dns), redirect.ChainName(uid))
 	return nil
 }
 
@@ -89,4 +97,28 @@ func (c *cli) transparentPort(ctx context.Context, o *redirectOpts) (int, error)
 		return 0, fmt.Errorf("transparent listener %q: %w", ep.Value.Transparent, err)
 	}
 	return strconv.Atoi(p)
+}
+
+// resolvers are the resolvers --dns names, else those of /etc/resolv.conf.
+func resolvers(flags []string) ([]netip.AddrPort, error) {
+	if len(flags) == 0 {
+		return redirect.Resolvers(redirect.ResolvConf)
+	}
+	out := make([]netip.AddrPort, 0, len(flags))
+	for _, f := range flags {
+		ap, err := redirect.ParseResolver(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+func addrList(as []netip.AddrPort) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
 }

@@ -33,9 +33,9 @@ import (
 // Bounds of the listeners: a slow or stuck client holds a connection for at
 // most these.
 const (
-	readHeaderTimeout = 5 * time.Second
-	idleTimeout       = 2 * time.Minute
-	maxHeaderBytes    = 64 << 10
+	readHeaderTimeout = proxy.ReadHeaderTimeout
+	idleTimeout       = proxy.KeepAliveTimeout
+	maxHeaderBytes    = proxy.MaxHeaderBytes
 	// The control API answers in one store call or a few; the proxy and the
 	// browser guard carry streams and long provider calls, so they have no
 	// read or write timeout of their own.
@@ -198,7 +198,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	}
 	if err == nil {
 		inst.api, err = control.New(control.Options{
-			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
+			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
 			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
 			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
@@ -272,6 +272,7 @@ func (inst *instance) run(ctx context.Context) error {
 	)
 	inst.transparent.close()
 	inst.egress.CutAll("stopgate_shutdown")
+	_ = inst.egress.Close()
 	stopLoops()
 	loops.Wait()
 	return err

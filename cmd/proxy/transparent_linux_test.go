@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -231,7 +232,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 
 	b := startExec(t, s, "exec", "--run", "iso", "--isolate", "--uid", fmt.Sprint(uidExec), "--", "sh", "-c", gatedScript(gate, target))
 	before := b.until(t, "ready")
-	if !contains(before, "node 200 done") || !contains(before, "curl 200") || hits.Load() != 2 {
+	if !slices.Contains(before, "node 200 done") || !slices.Contains(before, "curl 200") || hits.Load() != 2 {
 		t.Fatalf("while ACTIVE: %q, upstream saw %d", before, hits.Load())
 	}
 	doc := s.audit(t, "iso")
@@ -247,7 +248,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("stopgate exec exited %d, want the script's 0: %q", code, after)
 	}
-	if !containsPrefix(after, "node 409") || !contains(after, "curl 409") {
+	if !containsPrefix(after, "node 409") || !slices.Contains(after, "curl 409") {
 		t.Fatalf("after the cancel: %q", after)
 	}
 	if hits.Load() != 2 {
@@ -280,6 +281,9 @@ func TestExecIsolateTwoRunsAtOnce(t *testing.T) {
 		req := fmt.Sprintf(`curl --noproxy '*' -sS -o /dev/null -w '%s %%{http_code}\n' %s/%s`, run, target, run)
 		return fmt.Sprintf(`%s; echo ready; i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; %s`, req, gate, req)
 	}
+	for _, run := range []string{"run-a", "run-b", "run-c"} {
+		s.must(t, 0, "admit", run)
+	}
 	a := startExec(t, s, "exec", "--run", "run-a", "--isolate", "--uid", fmt.Sprint(uidExecA), "--", "sh", "-c", script("run-a"))
 	bb := startExec(t, s, "exec", "--run", "run-b", "--isolate", "--uid", fmt.Sprint(uidExecB), "--", "sh", "-c", script("run-b"))
 	a.until(t, "ready")
@@ -298,10 +302,11 @@ func TestExecIsolateTwoRunsAtOnce(t *testing.T) {
 	}
 	for _, run := range []string{"run-a", "run-b"} {
 		doc := s.audit(t, run)
-		if len(doc.Intents) != 2 {
-			t.Fatalf("%s has %d intents, want 2: %+v", run, len(doc.Intents), doc.Intents)
+		// exec's own record of the start, then the two requests.
+		if len(doc.Intents) != 3 || doc.Intents[0].Method != "EXEC" {
+			t.Fatalf("%s has %d intents, want exec's and 2: %+v", run, len(doc.Intents), doc.Intents)
 		}
-		for _, in := range doc.Intents {
+		for _, in := range doc.Intents[1:] {
 			if in.Target != target+"/"+run || in.State != state.IntentResponded {
 				t.Fatalf("%s recorded %s %s", run, in.Target, in.State)
 			}

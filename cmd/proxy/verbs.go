@@ -129,12 +129,14 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 // --control and --token, handed to them to find the API and its token the
 // same way.
 type controlFlags struct {
-	control, token string
+	control, token, tokenFile, dataDir string
 }
 
 func (f *controlFlags) define(fs *flag.FlagSet, why string) {
 	fs.StringVar(&f.control, "control", "", "control API URL"+why+" (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
-	fs.StringVar(&f.token, "token", "", "bearer token for the control API (default: as every client verb finds it, $STOPGATE_CONTROL_TOKEN or the operator token in --data-dir)")
+	fs.StringVar(&f.token, "token", "", "bearer token for the control API (visible in ps: prefer $STOPGATE_CONTROL_TOKEN or --token-file; default: as every client verb finds it)")
+	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the bearer token (default $STOPGATE_CONTROL_TOKEN_FILE)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "serve's data `directory`, where the operator token is read when no token is given")
 }
 
 // controlClient is the control API's client as the client verbs would build it
@@ -144,8 +146,10 @@ func (c *cli) controlClient(verb string, f controlFlags) (*client.Client, error)
 	if f.control != "" {
 		args = append(args, "--control", f.control)
 	}
-	if f.token != "" {
-		args = append(args, "--token", f.token)
+	for flag, v := range map[string]string{"--token": f.token, "--token-file": f.tokenFile, "--data-dir": f.dataDir} {
+		if v != "" {
+			args = append(args, flag, v)
+		}
 	}
 	cl, _, _, err := c.parseVerb(verb, args)
 	return cl, err
@@ -197,7 +201,7 @@ func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Cl
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	c.tokenFrom = from
+	c.tokenFrom, c.token = from, token
 	cl, err := client.New(o.control, client.Options{Token: token, Actor: c.actor()})
 	if err != nil {
 		return nil, nil, nil, usagef(verb, "--control (or STOPGATE_CONTROL): %v", err)

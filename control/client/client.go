@@ -211,6 +211,13 @@ func (c *Client) Finish(ctx context.Context, runID, key string, req control.Outc
 	return call[state.Intent](ctx, c, http.MethodPatch, intentPath(runID, key, ""), nil, req)
 }
 
+// Note appends one event about an intent the caller carries to the run's
+// audit (POST /v1/runs/{run}/intents/{key}/notes).
+func (c *Client) Note(ctx context.Context, runID, key string, req control.NoteRequest) error {
+	_, err := call[json.RawMessage](ctx, c, http.MethodPost, intentPath(runID, key, "/notes"), nil, req)
+	return err
+}
+
 // Intent reads one intent.
 func (c *Client) Intent(ctx context.Context, runID, key string) (Reply[state.Intent], error) {
 	return call[state.Intent](ctx, c, http.MethodGet, intentPath(runID, key, ""), nil, nil)

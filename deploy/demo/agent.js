@@ -1,12 +1,17 @@
 // A stand-in for an agent in Node.js: it charges a card every second until it
 // is told no. Node's built-in fetch ignores the proxy variables (before the
-// versions that read NODE_USE_ENV_PROXY), so it goes around a proxy unseen:
-// run it with `stopgate exec --isolate`, which redirects every TCP connection
-// it opens to stopgate in the kernel.
+// versions that read NODE_USE_ENV_PROXY), so it would go around a proxy
+// unseen: `stopgate exec` runs it in a sandbox whose every TCP connection
+// goes through stopgate's guard. It stops on the SIGTERM exec sends at the
+// cancel too.
 //
 //     node agent.js UPSTREAM_URL [MAX_REQUESTS]     (default 120)
 const upstream = (process.argv[2] || "").replace(/\/$/, "");
 const limit = Number(process.argv[3] || 120);
+process.on("SIGTERM", () => {
+  console.log("node agent: SIGTERM (the run was cancelled), stopping");
+  process.exit(0);
+});
 
 async function main() {
   for (let n = 1; n <= limit; n++) {

@@ -4,18 +4,26 @@
 It knows nothing of stopgate. Python's urllib sends through HTTP_PROXY /
 http_proxy (HTTPS_PROXY for https) and trusts the CAs of SSL_CERT_FILE, which
 `stopgate exec` sets; so once the run is cancelled, the next charge is refused
-by stopgate before it leaves, and the agent stops. Standard library only.
+by stopgate before it leaves, and the agent stops. It stops too on the SIGTERM
+stopgate exec sends at the cancel. Standard library only.
 
     python3 agent.py UPSTREAM_URL [MAX_REQUESTS]     (default 120)
 """
 import json
+import signal
 import sys
 import time
 import urllib.error
 import urllib.request
 
 
+def stop(signum, frame):
+    print("python agent: SIGTERM (the run was cancelled), stopping", flush=True)
+    sys.exit(0)
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop)
     upstream = sys.argv[1].rstrip("/")
     limit = int(sys.argv[2]) if len(sys.argv) > 2 else 120
     for n in range(1, limit + 1):

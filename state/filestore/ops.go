@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -12,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/machine"
 )
 
 // The rules each method applies are docs/state-machine.md, row by row.
@@ -23,27 +25,25 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	}
 	var out state.AdmitResult
 	err := s.update(ctx, "admit", func(t *txn) error {
-		r, found, err := t.run(req.RunID)
-		if err != nil {
-			return err
-		}
-		if found {
-			if r.row.Status != state.StatusActive {
-				return r.conflict(state.RefusalRunNotActive, nil, "only an unseen run can be admitted")
-			}
-			out = state.AdmitResult{Run: r.row}
-			return nil
-		}
-		if r, err = t.admit(req.RunID, req.Actor, req.Reason); err != nil {
-			return err
-		}
-		if err := r.save(); err != nil {
-			return err
-		}
-		out = state.AdmitResult{Run: r.row, Created: true}
-		return nil
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Admit(v, req, t.now)
+			return m, err
+		})
 	})
 	return out, err
+}
+
+// step runs one rule on the run id in t and applies its mutation.
+func (t *txn) step(id string, rule func(v machine.View) (*machine.Mutation, error)) error {
+	v, err := t.view(id)
+	if err != nil {
+		return err
+	}
+	m, err := rule(v)
+	if err != nil {
+		return err
+	}
+	return v.apply(m)
 }
 
 // Cancel is the compare-and-set ACTIVE → CANCELLING, or a tombstone for an
@@ -54,64 +54,10 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	}
 	var out state.CancelResult
 	err := s.update(ctx, "cancel", func(t *txn) error {
-		r, found, err := t.run(req.RunID)
-		if err != nil {
-			return err
-		}
-		if !found {
-			// A tombstone: a run cancelled before anyone admitted it must
-			// never be admitted later.
-			if r, err = t.createRun(req.RunID, state.StatusCancelled, 2); err != nil {
-				return err
-			}
-			r.row.Reason = req.Reason
-			r.row.CancelledAt = t.now
-			if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason, To: string(state.StatusCancelled)}); err != nil {
-				return err
-			}
-			if err := r.save(); err != nil {
-				return err
-			}
-			out = state.CancelResult{Run: r.row, Changed: true}
-			return nil
-		}
-		switch r.row.Status {
-		case state.StatusActive:
-		case state.StatusCompleted:
-			return r.conflict(state.RefusalRunNotActive, nil, "a completed run cannot be cancelled")
-		default:
-			out = state.CancelResult{Run: r.row}
-			return nil
-		}
-		r.row.Status = state.StatusCancelling
-		r.row.CancelVersion++
-		r.row.Reason = req.Reason
-		r.row.CancelledAt = t.now
-		r.row.DrainDeadline = t.now.Add(req.DrainTimeout).Truncate(time.Millisecond)
-		r.row.UpdatedAt = t.now
-		r.dirty = true
-		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason,
-			From: string(state.StatusActive), To: string(state.StatusCancelling)}); err != nil {
-			return err
-		}
-		err = r.eachPending(state.IntentScheduled, func(rec *intentRecord) error {
-			rec.State = state.IntentRevoked
-			rec.Reason = reasonRunCancelled
-			rec.UpdatedAt = t.now
-			if err := r.putIntent(rec, state.IntentScheduled); err != nil {
-				return err
-			}
-			return r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRevoked, Intent: rec.Key,
-				From: string(state.IntentScheduled), To: string(state.IntentRevoked), Reason: reasonRunCancelled})
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Cancel(v, req, t.now)
+			return m, err
 		})
-		if err != nil {
-			return err
-		}
-		if err := r.save(); err != nil {
-			return err
-		}
-		out = state.CancelResult{Run: r.row, Changed: true}
-		return nil
 	})
 	if err != nil {
 		return state.CancelResult{}, err
@@ -129,32 +75,10 @@ func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.
 	}
 	var out state.Run
 	err := s.update(ctx, "complete", func(t *txn) error {
-		r, found, err := t.run(req.RunID)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return fmt.Errorf("complete run %s: %w", req.RunID, state.ErrNotFound)
-		}
-		if r.row.Status != state.StatusActive {
-			return r.conflict(state.RefusalRunNotActive, nil, "only an ACTIVE run can complete")
-		}
-		if r.row.CancelVersion != req.Version {
-			return r.conflict(state.RefusalStaleVersion, nil, fmt.Sprintf("completion observed cancel_version %d", req.Version))
-		}
-		r.row.Status = state.StatusCompleted
-		r.row.Reason = req.Reason
-		r.row.UpdatedAt = t.now
-		r.dirty = true
-		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventRunCompleted, Reason: req.Reason,
-			From: string(state.StatusActive), To: string(state.StatusCompleted)}); err != nil {
-			return err
-		}
-		if err := r.save(); err != nil {
-			return err
-		}
-		out = r.row
-		return nil
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Complete(v, req, t.now)
+			return m, err
+		})
 	})
 	return out, err
 }
@@ -258,165 +182,24 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
+	req = req.Fenced(ctx)
 	var out state.GuardResult
 	err := s.update(ctx, "guard", func(t *txn) error {
-		// Checked inside the transaction, after the wait for the writer:
-		// a caller that gave up while queued must find nothing recorded.
-		if req.Late(t.now) {
-			return fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
-				req.RunID, state.ErrUnavailable, t.now.Format(time.RFC3339Nano), req.NotAfter.UTC().Format(time.RFC3339Nano))
-		}
-		r, found, err := t.run(req.RunID)
-		if err != nil {
-			return err
-		}
-		if !found {
-			if !req.AutoAdmit {
-				// Nothing is recorded for a run nobody admitted, so there
-				// is no intent to return either.
-				out = state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}
-				return nil
+		// Decided inside the transaction, after the wait for the writer:
+		// a caller that gave up while queued finds nothing recorded.
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Guard(v, req, t.now)
+			if errors.Is(err, machine.ErrLate) {
+				err = fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
+					req.RunID, state.ErrUnavailable, t.now.Format(time.RFC3339Nano), req.NotAfter.UTC().Format(time.RFC3339Nano))
 			}
-			if r, err = t.admit(req.RunID, req.Actor, reasonAutoAdmit); err != nil {
-				return err
-			}
-		}
-		if out, err = r.guard(req); err != nil {
-			return err
-		}
-		if err := r.save(); err != nil {
-			return err
-		}
-		out.Run = r.row
-		return nil
+			return m, err
+		})
 	})
 	if err != nil {
 		return state.GuardResult{}, err
 	}
 	return out, nil
-}
-
-func (r *runTx) guard(req state.GuardRequest) (state.GuardResult, error) {
-	key := req.Key
-	var rec *intentRecord
-	var exists bool
-	var err error
-	if req.ExplicitKey {
-		rec, exists, err = r.intent(key)
-	} else {
-		// A derived key is one no record has yet.
-		key, err = r.deriveKey(req.Key)
-	}
-	if err != nil {
-		return state.GuardResult{}, err
-	}
-	if refusal := r.runRefusal(req); refusal != "" {
-		return r.refuseDispatch(req, key, rec, exists, refusal)
-	}
-	if !exists {
-		return r.dispatch(req, &intentRecord{Intent: state.Intent{RunID: req.RunID, Key: key, CreatedAt: r.t.now}}, "")
-	}
-	// A duplicate of an effect under way, or a key reused for another
-	// body, leaves the record untouched, refusals included (statetest
-	// ExplicitKeyFollowsIdempotencyRules counts only refusals by the run);
-	// the event still records the attempt.
-	switch {
-	case rec.State == state.IntentInFlight || rec.State == state.IntentUnknown,
-		rec.State == state.IntentScheduled && !req.NotBefore.IsZero():
-		return r.refused(req, rec, state.RefusalInProgress, "")
-	case rec.BodyDigest != "" && req.BodyDigest != "" && rec.BodyDigest != req.BodyDigest:
-		return r.refused(req, rec, state.RefusalKeyReused, "")
-	}
-	return r.dispatch(req, rec, rec.State)
-}
-
-// runRefusal is why the run refuses the effect ("" when it takes it): the
-// edge's own refusal, a run no longer ACTIVE (a delivery may still go out
-// while a run drains), or a version the cancel has moved past.
-func (r *runTx) runRefusal(req state.GuardRequest) string {
-	run := r.row
-	switch {
-	case req.Refuse != "":
-		return req.Refuse
-	case run.Status == state.StatusActive && (req.ObservedVersion == 0 || req.ObservedVersion == run.CancelVersion):
-		return ""
-	case req.AllowCancelling && run.Status == state.StatusCancelling && req.NotBefore.IsZero():
-		return ""
-	case run.Status == state.StatusActive:
-		return state.RefusalStaleVersion
-	}
-	return state.RefusalRunNotActive
-}
-
-// refuseDispatch records an effect the run refused: CANCELLED_BEFORE_DISPATCH
-// under a new key; under a key already used, what happened stays recorded
-// and only the refusal counts.
-func (r *runTx) refuseDispatch(req state.GuardRequest, key string, rec *intentRecord, exists bool, refusal string) (state.GuardResult, error) {
-	now := r.t.now
-	from := state.IntentState("")
-	if exists {
-		from = rec.State
-		rec.Refusals++
-		rec.UpdatedAt = now
-	} else {
-		rec = &intentRecord{Intent: state.Intent{
-			RunID: req.RunID, Key: key, Boundary: req.Boundary, State: state.IntentCancelledBeforeDispatch,
-			Method: req.Method, Target: req.Target, BodyDigest: req.BodyDigest,
-			ObservedVersion: req.ObservedVersion, Reason: refusal, CreatedAt: now, UpdatedAt: now,
-		}}
-		if !req.NotBefore.IsZero() {
-			rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
-		}
-	}
-	if err := r.putIntent(rec, from); err != nil {
-		return state.GuardResult{}, err
-	}
-	return r.refused(req, rec, refusal, state.IntentCancelledBeforeDispatch)
-}
-
-// refused answers a refusal and audits it; the run is kept for retention
-// to find again.
-func (r *runTx) refused(req state.GuardRequest, rec *intentRecord, refusal string, to state.IntentState) (state.GuardResult, error) {
-	if err := r.keepForRetention(); err != nil {
-		return state.GuardResult{}, err
-	}
-	err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentRefused, Intent: rec.Key, To: string(to), Reason: refusal})
-	return state.GuardResult{Refusal: refusal, Run: r.row, Intent: rec.Intent}, err
-}
-
-// dispatch admits the effect: IN_FLIGHT under a lease, or SCHEDULED for
-// later; rec moves from from ("" for a new record).
-func (r *runTx) dispatch(req state.GuardRequest, rec *intentRecord, from state.IntentState) (state.GuardResult, error) {
-	now := r.t.now
-	rec.Boundary = req.Boundary
-	rec.Method = req.Method
-	rec.Target = req.Target
-	if req.BodyDigest != "" {
-		rec.BodyDigest = req.BodyDigest
-	}
-	rec.Attempts++
-	rec.ObservedVersion = req.ObservedVersion
-	rec.StatusCode = 0
-	rec.Reason = ""
-	rec.Source = ""
-	rec.Note = ""
-	rec.UpdatedAt = now
-	if req.NotBefore.IsZero() {
-		rec.State = state.IntentInFlight
-		rec.LeaseOwner = req.LeaseOwner
-		rec.LeaseExpires = now.Add(req.LeaseTTL).Truncate(time.Millisecond)
-		rec.NotBefore = time.Time{}
-	} else {
-		rec.State = state.IntentScheduled
-		rec.LeaseOwner = ""
-		rec.LeaseExpires = time.Time{}
-		rec.NotBefore = req.NotBefore.UTC().Truncate(time.Millisecond)
-	}
-	if err := r.putIntent(rec, from); err != nil {
-		return state.GuardResult{}, err
-	}
-	err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentAdmitted, Intent: rec.Key, From: string(from), To: string(rec.State)})
-	return state.GuardResult{Admitted: true, Run: r.row, Intent: rec.Intent}, err
 }
 
 // Finish records what happened to an IN_FLIGHT intent (or a late answer
@@ -444,53 +227,11 @@ func (s *Store) FinishLater(ctx context.Context, req state.FinishRequest, done f
 // intent as recorded.
 func finishStep(req state.FinishRequest, out *state.Intent) func(t *txn) error {
 	return func(t *txn) error {
-		r, rec, err := t.runIntent(req.RunID, req.Key)
-		if err != nil {
-			return err
-		}
-		from := rec.State
-		late := from == state.IntentUnknown && req.Outcome == state.IntentResponded
-		if from != state.IntentInFlight && !late {
-			return r.conflict(state.ConflictNotInFlight, rec, fmt.Sprintf("cannot record %s", req.Outcome))
-		}
-		if req.Attempt != rec.Attempts {
-			return r.conflict(state.ConflictStaleAttempt, rec, fmt.Sprintf("report for attempt %d, latest is %d", req.Attempt, rec.Attempts))
-		}
-		rec.State = req.Outcome
-		rec.StatusCode = req.StatusCode
-		rec.Reason = req.Reason
-		if late {
-			rec.Reason = reasonLateResponse
-		}
-		rec.Source = req.Source
-		rec.LeaseOwner = ""
-		rec.LeaseExpires = time.Time{}
-		rec.UpdatedAt = t.now
-		if err := r.putIntent(rec, from); err != nil {
-			return err
-		}
-		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentOutcome, Intent: rec.Key,
-			From: string(from), To: string(rec.State), Reason: outcomeReason(rec.Source, rec.Reason)}); err != nil {
-			return err
-		}
-		if err := r.finalize(req.Actor); err != nil {
-			return err
-		}
-		*out = rec.Intent
-		return r.save()
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			*out, m, err = machine.Finish(v, req, t.now)
+			return m, err
+		})
 	}
-}
-
-// outcomeReason is the audit reason of an outcome or a resolution: its
-// source first when it has one ("safe_method: run_cancelled").
-func outcomeReason(source, reason string) string {
-	switch {
-	case source == "":
-		return reason
-	case reason == "":
-		return source
-	}
-	return source + ": " + reason
 }
 
 // Note appends one event about an intent and changes nothing else.
@@ -499,17 +240,9 @@ func (s *Store) Note(ctx context.Context, req state.NoteRequest) error {
 		return err
 	}
 	return s.update(ctx, "note", func(t *txn) error {
-		r, rec, err := t.runIntent(req.RunID, req.Key)
-		if err != nil {
-			return err
-		}
-		if err := r.keepForRetention(); err != nil {
-			return err
-		}
-		if err := r.event(state.Event{Actor: req.Actor, Kind: req.Kind, Intent: rec.Key, Reason: req.Reason}); err != nil {
-			return err
-		}
-		return r.save()
+		return t.step(req.RunID, func(v machine.View) (*machine.Mutation, error) {
+			return machine.Note(v, req, t.now)
+		})
 	})
 }
 
@@ -520,52 +253,12 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 	}
 	var out state.Intent
 	err := s.update(ctx, "resolve", func(t *txn) error {
-		r, rec, err := t.runIntent(req.RunID, req.Key)
-		if err != nil {
-			return err
-		}
-		if rec.State != state.IntentUnknown {
-			return r.conflict(state.ConflictNotUnknown, rec, "only an UNKNOWN intent can be reconciled")
-		}
-		rec.State = state.IntentNotApplied
-		if req.Applied {
-			rec.State = state.IntentApplied
-		}
-		rec.Source = req.Source
-		rec.Note = req.Note
-		rec.UpdatedAt = t.now
-		if err := r.putIntent(rec, state.IntentUnknown); err != nil {
-			return err
-		}
-		if err := r.event(state.Event{Actor: req.Actor, Kind: state.EventIntentResolved, Intent: rec.Key,
-			From: string(state.IntentUnknown), To: string(rec.State), Reason: outcomeReason(req.Source, req.Note)}); err != nil {
-			return err
-		}
-		if err := r.finalize(req.Actor); err != nil {
-			return err
-		}
-		out = rec.Intent
-		return r.save()
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Resolve(v, req, t.now)
+			return m, err
+		})
 	})
 	return out, err
-}
-
-func (t *txn) runIntent(runID, key string) (*runTx, *intentRecord, error) {
-	r, found, err := t.run(runID)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !found {
-		return nil, nil, fmt.Errorf("run %s: %w", runID, state.ErrNotFound)
-	}
-	rec, found, err := r.intent(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !found {
-		return nil, nil, fmt.Errorf("run %s intent %s: %w", runID, key, state.ErrNotFound)
-	}
-	return r, rec, nil
 }
 
 // Renew extends the leases req.Owner holds; anything else named is skipped.
@@ -577,38 +270,28 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 	if len(req.Refs) == 0 {
 		return out, nil
 	}
+	keys := map[string][]string{}
+	var runs []string
+	for _, ref := range req.Refs {
+		if _, ok := keys[ref.RunID]; !ok {
+			runs = append(runs, ref.RunID)
+		}
+		keys[ref.RunID] = append(keys[ref.RunID], ref.Key)
+	}
 	err := s.update(ctx, "renew", func(t *txn) error {
 		// A step may run again (its shared commit rolled back): start over.
 		out = state.RenewResult{Runs: map[string]state.Run{}}
-		runs := map[string]*runTx{}
-		for _, ref := range req.Refs {
-			r, seen := runs[ref.RunID]
-			if !seen {
-				var err error
-				if r, _, err = t.run(ref.RunID); err != nil {
-					return err
+		for _, id := range runs {
+			err := t.step(id, func(v machine.View) (*machine.Mutation, error) {
+				r, m, err := machine.Renew(v, id, req.Owner, req.TTL, keys[id], t.now)
+				if r.Found {
+					out.Runs[id] = r.Run
+					out.Renewed = append(out.Renewed, r.Renewed...)
 				}
-				runs[ref.RunID] = r
-			}
-			if r == nil {
-				continue
-			}
-			rec, found, err := r.intent(ref.Key)
+				return m, err
+			})
 			if err != nil {
 				return err
-			}
-			if !found || rec.State != state.IntentInFlight || rec.LeaseOwner != req.Owner {
-				continue
-			}
-			rec.LeaseExpires = t.now.Add(req.TTL).Truncate(time.Millisecond)
-			if err := r.putIntent(rec, rec.State); err != nil {
-				return err
-			}
-			out.Renewed = append(out.Renewed, rec.Intent)
-		}
-		for id, r := range runs {
-			if r != nil {
-				out.Runs[id] = r.row
 			}
 		}
 		return nil
@@ -628,29 +311,10 @@ func (s *Store) Tick(ctx context.Context, req state.TickRequest) (state.Run, err
 	}
 	var out state.Run
 	err := s.update(ctx, "tick", func(t *txn) error {
-		r, found, err := t.run(req.RunID)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return fmt.Errorf("run %s: %w", req.RunID, state.ErrNotFound)
-		}
-		switch r.row.Status {
-		case state.StatusActive:
-			err = r.expireLeases(req.Actor)
-		case state.StatusCancelling, state.StatusUnknown:
-			if err = r.expireLeases(req.Actor); err == nil {
-				err = r.finalize(req.Actor)
-			}
-		}
-		if err != nil {
-			return err
-		}
-		if err := r.save(); err != nil {
-			return err
-		}
-		out = r.row
-		return nil
+		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = machine.Tick(v, req, t.now)
+			return m, err
+		})
 	})
 	return out, err
 }

@@ -5,9 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -29,18 +26,6 @@ const (
 	bucketFinal   = "final"
 	keyFormat     = "format"
 	keyPing       = "ping"
-)
-
-// Status reasons and intent reasons from docs/state-machine.md.
-const (
-	reasonAutoAdmit    = "auto-admit"
-	reasonDrained      = "drained"
-	reasonUnresolved   = "unresolved_intents"
-	reasonDrainTimeout = "drain_timeout"
-	reasonReconciled   = "reconciled"
-	reasonLeaseExpired = "lease_expired"
-	reasonRunCancelled = "run_cancelled"
-	reasonLateResponse = "late_response"
 )
 
 // intentRecord is an intent as stored: Seq is its place in the creation
@@ -233,16 +218,6 @@ func (t *txn) createRun(id string, status state.Status, version int64) (*runTx, 
 	return r, nil
 }
 
-// admit creates a run ACTIVE at version 1 with its run.admitted event.
-func (t *txn) admit(id, actor, reason string) (*runTx, error) {
-	r, err := t.createRun(id, state.StatusActive, 1)
-	if err != nil {
-		return nil, err
-	}
-	err = r.event(state.Event{Actor: actor, Kind: state.EventRunAdmitted, Reason: reason, To: string(state.StatusActive)})
-	return r, err
-}
-
 // retentionKey is a run's entry in the retention index: time, then id, so
 // that the index reads oldest first.
 func retentionKey(ms int64, id string) []byte {
@@ -299,12 +274,9 @@ func (r *runTx) save() error {
 	return nil
 }
 
-// event appends one line to the run's audit log, stamped with the
-// transaction's time and the row's version as it stands.
+// event appends one line to the run's audit log, as the rules made it
+// (its time and the row's version set).
 func (r *runTx) event(e state.Event) error {
-	e.At = r.t.now
-	e.RunID = r.row.ID
-	e.Version = r.row.CancelVersion
 	raw := encodeEvent(e)
 	b := r.b.Bucket([]byte(bucketEvents))
 	// Events are only ever appended: a full page need not leave room for
@@ -315,16 +287,6 @@ func (r *runTx) event(e state.Event) error {
 		return err
 	}
 	return r.t.put(b, u64(n), raw)
-}
-
-// move changes the run's status with its run.transition event.
-func (r *runTx) move(to state.Status, reason, actor string) error {
-	from := r.row.Status
-	r.row.Status = to
-	r.row.StatusReason = reason
-	r.row.UpdatedAt = r.t.now
-	r.dirty = true
-	return r.event(state.Event{Actor: actor, Kind: state.EventRunTransition, From: string(from), To: string(to), Reason: reason})
 }
 
 // get is b.Get(key) through a cursor the steps of this commit share: a
@@ -365,17 +327,14 @@ func (r *runTx) intent(key string) (*intentRecord, bool, error) {
 	return &rec, true, nil
 }
 
-func (r *runTx) hasIntent(key string) bool {
-	return r.get(r.b.Bucket([]byte(bucketIntents)), []byte(key)) != nil
-}
-
 func isPending(s state.IntentState) bool {
 	return s == state.IntentInFlight || s == state.IntentScheduled
 }
 
 // putIntent writes an intent whose state was from ("" for a new one),
-// keeping the row's counts and the pending index in the same step. A new
-// intent takes the next creation ordinal (the intents bucket's sequence).
+// keeping the pending index in the same step (the rules move the row's
+// counts). A new intent takes the next creation ordinal (the intents
+// bucket's sequence).
 func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 	if from == "" {
 		intents := r.b.Bucket([]byte(bucketIntents))
@@ -398,10 +357,6 @@ func (r *runTx) putIntent(rec *intentRecord, from state.IntentState) error {
 		rec.Seq = n
 	}
 	if from != rec.State {
-		if from != "" {
-			r.count(from, -1)
-		}
-		r.count(rec.State, +1)
 		pending := r.b.Bucket([]byte(bucketPending))
 		switch was, is := isPending(from), isPending(rec.State); {
 		case is && !was:
@@ -459,126 +414,6 @@ func (r *runTx) eachPending(want state.IntentState, fn func(rec *intentRecord) e
 		}
 	}
 	return nil
-}
-
-// deriveKey returns the record key of the next dispatch under a derived
-// base: base for the first, base.n after. A key already taken (by an
-// explicit key that happens to look like base.n) is skipped, because each
-// derived dispatch must be a record of its own.
-//
-// The counter is written from the second dispatch on: the first one's
-// record (base) says as much, and most requests are made once, so a
-// guard writes no counter at all. A base with no counter starts its
-// search at base, finds it taken and goes on to base.2: the same key a
-// counter of 1 (as files written before this rule hold) gives.
-func (r *runTx) deriveKey(base string) (string, error) {
-	seq := r.b.Bucket([]byte(bucketSeq))
-	var n uint64
-	if v := r.get(seq, []byte(base)); v != nil {
-		if len(v) != 8 {
-			return "", storeErr("run %s: derived key counter for %s is %d bytes", r.row.ID, base, len(v))
-		}
-		n = binary.BigEndian.Uint64(v)
-	}
-	for {
-		n++
-		key := base
-		if n > 1 {
-			key = base + "." + strconv.FormatUint(n, 10)
-		}
-		if !r.hasIntent(key) {
-			if n == 1 {
-				return key, nil
-			}
-			return key, r.t.put(seq, []byte(base), u64(n))
-		}
-	}
-}
-
-// expireLeases turns every IN_FLIGHT intent whose lease has run out
-// UNKNOWN: a carrier that died is never proof that nothing happened. They
-// expire in the order their leases ran out (ties by key), as the Redis
-// store's lease index orders them.
-func (r *runTx) expireLeases(actor string) error {
-	var due []*intentRecord
-	err := r.eachPending(state.IntentInFlight, func(rec *intentRecord) error {
-		if !rec.LeaseExpires.After(r.t.now) {
-			due = append(due, rec)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	slices.SortFunc(due, func(a, b *intentRecord) int {
-		if c := a.LeaseExpires.Compare(b.LeaseExpires); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-	for _, rec := range due {
-		rec.State = state.IntentUnknown
-		rec.Reason = reasonLeaseExpired
-		rec.UpdatedAt = r.t.now
-		if err := r.putIntent(rec, state.IntentInFlight); err != nil {
-			return err
-		}
-		err := r.event(state.Event{Actor: actor, Kind: state.EventIntentExpired, Intent: rec.Key,
-			From: string(state.IntentInFlight), To: string(state.IntentUnknown), Reason: reasonLeaseExpired})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// finalize moves a CANCELLING or UNKNOWN run on, per docs/state-machine.md.
-func (r *runTx) finalize(actor string) error {
-	inflight, unknown := r.row.Intents[state.IntentInFlight], r.row.Intents[state.IntentUnknown]
-	switch r.row.Status {
-	case state.StatusCancelling:
-		switch {
-		case inflight == 0 && unknown == 0:
-			return r.move(state.StatusCancelled, reasonDrained, actor)
-		case inflight == 0:
-			// Past the deadline, what is unknown was cut by it (by this
-			// tick or by the carrier that saw the deadline first).
-			if !r.t.now.Before(r.row.DrainDeadline) {
-				return r.move(state.StatusUnknown, reasonDrainTimeout, actor)
-			}
-			return r.move(state.StatusUnknown, reasonUnresolved, actor)
-		case !r.t.now.Before(r.row.DrainDeadline):
-			err := r.eachPending(state.IntentInFlight, func(rec *intentRecord) error {
-				rec.State = state.IntentUnknown
-				rec.Reason = reasonDrainTimeout
-				rec.UpdatedAt = r.t.now
-				if err := r.putIntent(rec, state.IntentInFlight); err != nil {
-					return err
-				}
-				return r.event(state.Event{Actor: actor, Kind: state.EventIntentOutcome, Intent: rec.Key,
-					From: string(state.IntentInFlight), To: string(state.IntentUnknown), Reason: reasonDrainTimeout})
-			})
-			if err != nil {
-				return err
-			}
-			return r.move(state.StatusUnknown, reasonDrainTimeout, actor)
-		}
-	case state.StatusUnknown:
-		if inflight == 0 && unknown == 0 {
-			return r.move(state.StatusCancelled, reasonReconciled, actor)
-		}
-	}
-	return nil
-}
-
-// conflict reports a transition the row's state refuses.
-func (r *runTx) conflict(code string, in *intentRecord, detail string) *state.Conflict {
-	c := &state.Conflict{Code: code, Run: r.row, Detail: detail}
-	if in != nil {
-		i := in.Intent
-		c.Intent = &i
-	}
-	return c
 }
 
 // prune removes the run's intents and events (every bucket under it) and

@@ -596,6 +596,7 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	req = req.Fenced(ctx)
 	// Only an auto-admitting guard can create the row; once this process
 	// has seen the row, its index entry exists and the extra round trip is
 	// skipped (the hot path).

@@ -4,9 +4,11 @@ package statetest
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -37,6 +39,7 @@ func Run(t *testing.T, open Open) {
 		{"GuardRecordsTheEdgesRefusal", testGuardRefuse},
 		{"DerivedKeysGiveEachDispatchItsOwnRecord", testDerivedKeys},
 		{"ExplicitKeyFollowsIdempotencyRules", testExplicitKey},
+		{"AnIntentsRecordIsWrittenOncePerDispatch", testRecordWrittenOncePerDispatch},
 		{"DeliveryMayReachCancellingRunOnly", testAllowCancelling},
 		{"CancelRevokesScheduledRetries", testRetriesRevoked},
 		{"ScheduledRetryIsDispatchedThroughTheGuard", testRetryDispatched},
@@ -443,33 +446,117 @@ func testDerivedKeys(t *testing.T, s state.Store) {
 
 func testExplicitKey(t *testing.T, s state.Store) {
 	admit(t, s, "e")
-	first := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
-	dup := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
+	first := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, Method: "POST", Target: "https://pay.example/charge", BodyDigest: "A"})
+	dup := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, Method: "POST", Target: "https://pay.example/charge", BodyDigest: "A"})
 	if dup.Admitted || dup.Refusal != state.RefusalInProgress || dup.Intent.State != state.IntentInFlight {
 		t.Fatalf("duplicate while in flight: %+v", dup)
 	}
-	finish(t, s, first.Intent, state.IntentResponded, 201)
-	other := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "B"})
-	if other.Admitted || other.Refusal != state.RefusalKeyReused {
-		t.Fatalf("same key, other body: %+v", other)
-	}
-	again := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
-	if !again.Admitted || again.Intent.Attempts != 2 || again.Intent.State != state.IntentInFlight {
-		t.Fatalf("replay after RESPONDED: %+v", again)
-	}
-	finish(t, s, again.Intent, state.IntentUnknown, 0)
-	stuck := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
+	finish(t, s, first.Intent, state.IntentUnknown, 0)
+	stuck := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, Method: "POST", Target: "https://pay.example/charge", BodyDigest: "A"})
 	if stuck.Admitted || stuck.Refusal != state.RefusalInProgress {
 		t.Fatalf("replay of an UNKNOWN: %+v", stuck)
 	}
 	cancel(t, s, "e", time.Minute)
-	refused := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
+	refused := guard(t, s, state.GuardRequest{RunID: "e", Key: "idem", ExplicitKey: true, Method: "POST", Target: "https://pay.example/charge", BodyDigest: "A"})
 	if refused.Admitted || refused.Refusal != state.RefusalRunNotActive {
 		t.Fatalf("replay after cancel: %+v", refused)
 	}
 	kept := intent(t, s, "e", "idem")
-	if kept.State != state.IntentUnknown || kept.Attempts != 2 || kept.Refusals != 1 {
+	if kept.State != state.IntentUnknown || kept.Attempts != 1 || kept.Refusals != 1 {
 		t.Fatalf("a refused replay must not overwrite what happened: %+v", kept)
+	}
+}
+
+// testRecordWrittenOncePerDispatch: an explicit key that names a record
+// never dispatches over it. The same effect may be tried again only when
+// it provably never left (NOT_SENT, CANCELLED_BEFORE_DISPATCH); an effect
+// that happened or was settled answers with its record; another effect
+// under the key is refused whatever the record's state. The record keeps
+// every field it had, and the refusal is in the audit.
+func testRecordWrittenOncePerDispatch(t *testing.T, s state.Store) {
+	charge := state.GuardRequest{Key: "charge-1", ExplicitKey: true, Boundary: state.BoundaryHTTP, Method: "POST", Target: "https://pay.example/charge", BodyDigest: "sha256:aa"}
+	other := func(f func(*state.GuardRequest)) state.GuardRequest { r := charge; f(&r); return r }
+	dispatch := func(t *testing.T, run string) state.Intent {
+		req := charge
+		req.RunID = run
+		res := guard(t, s, req)
+		if !res.Admitted {
+			t.Fatalf("first dispatch: %+v", res)
+		}
+		return res.Intent
+	}
+	inFlight := func(t *testing.T, run string) { dispatch(t, run) }
+	responded := func(t *testing.T, run string) { finish(t, s, dispatch(t, run), state.IntentResponded, 200) }
+	notSent := func(t *testing.T, run string) { finish(t, s, dispatch(t, run), state.IntentNotSent, 0) }
+	reconciled := func(applied bool) func(t *testing.T, run string) {
+		return func(t *testing.T, run string) {
+			finish(t, s, dispatch(t, run), state.IntentUnknown, 0)
+			if _, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: run, Key: "charge-1", Applied: applied, Source: "operator", Note: "checked the provider's dashboard", Actor: "operator:alice"}); err != nil {
+				t.Fatalf("resolve: %v", err)
+			}
+		}
+	}
+	deniedAtEdge := func(t *testing.T, run string) {
+		req := charge
+		req.RunID, req.Refuse = run, "destination_denied"
+		if res := guard(t, s, req); res.Admitted || res.Intent.State != state.IntentCancelledBeforeDispatch {
+			t.Fatalf("refused at the edge: %+v", res)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		// to brings the record under charge-1 to the state under test.
+		to     func(t *testing.T, run string)
+		replay state.GuardRequest
+		want   string // "" admits a new attempt
+	}{
+		{"the same effect after RESPONDED answers with its record", responded, charge, state.RefusalKeyReused},
+		{"a GET over a RESPONDED POST", responded, other(func(r *state.GuardRequest) { r.Method, r.Target = "GET", "https://pay.example/harmless" }), state.RefusalKeyReused},
+		{"a worker's custom effect over a proxy's RESPONDED", responded, other(func(r *state.GuardRequest) {
+			r.Boundary, r.Method, r.Target, r.BodyDigest = state.BoundaryCustom, "NOOP", "", ""
+		}), state.RefusalKeyReused},
+		{"the same effect after an operator's APPLIED", reconciled(true), charge, state.RefusalKeyReused},
+		{"the same effect after an operator's NOT_APPLIED", reconciled(false), charge, state.RefusalKeyReused},
+		{"the same effect after NOT_SENT is tried again", notSent, charge, ""},
+		{"another target after NOT_SENT", notSent, other(func(r *state.GuardRequest) { r.Target = "https://pay.example/refund" }), state.RefusalKeyReused},
+		{"another body after NOT_SENT", notSent, other(func(r *state.GuardRequest) { r.BodyDigest = "sha256:bb" }), state.RefusalKeyReused},
+		{"the same effect after CANCELLED_BEFORE_DISPATCH is tried again", deniedAtEdge, charge, ""},
+		{"another method after CANCELLED_BEFORE_DISPATCH", deniedAtEdge, other(func(r *state.GuardRequest) { r.Method = "PUT" }), state.RefusalKeyReused},
+		{"another body while IN_FLIGHT", inFlight, other(func(r *state.GuardRequest) { r.BodyDigest = "sha256:bb" }), state.RefusalInProgress},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := fmt.Sprintf("once-%x", sha256.Sum256([]byte(tc.name)))[:21]
+			admit(t, s, run)
+			tc.to(t, run)
+			before := intent(t, s, run, "charge-1")
+			replay := tc.replay
+			replay.RunID = run
+			got := guard(t, s, replay)
+			after := intent(t, s, run, "charge-1")
+			if tc.want == "" {
+				if !got.Admitted || after.State != state.IntentInFlight || after.Attempts != before.Attempts+1 {
+					t.Fatalf("replay of %s: %+v; record now %+v", before.State, got, after)
+				}
+				return
+			}
+			if got.Admitted || got.Refusal != tc.want {
+				t.Fatalf("replay of %s: admitted=%v refusal=%q, want %q", before.State, got.Admitted, got.Refusal, tc.want)
+			}
+			if got.Intent.Key != "charge-1" || got.Intent.State != before.State || got.Intent.Method != before.Method ||
+				got.Intent.Target != before.Target || got.Intent.StatusCode != before.StatusCode || got.Intent.Note != before.Note {
+				t.Fatalf("the refusal answers with %+v, want the record as it stands %+v", got.Intent, before)
+			}
+			if !reflect.DeepEqual(after, before) {
+				t.Fatalf("a refused replay rewrote the record:\nbefore %+v\nafter  %+v", before, after)
+			}
+			evs, err := s.Events(ctx(t), run)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last := evs[len(evs)-1]; last.Kind != state.EventIntentRefused || last.Intent != "charge-1" || last.Reason != tc.want {
+				t.Fatalf("the refused replay is not in the audit: %+v", last)
+			}
+		})
 	}
 }
 
@@ -602,12 +689,12 @@ func answered(t *testing.T, ch <-chan answer) answer {
 func testFinishLater(t *testing.T, s state.Store) {
 	admit(t, s, "fl")
 	first := guard(t, s, state.GuardRequest{RunID: "fl", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
-	done := finishLater(s, state.FinishRequest{RunID: "fl", Key: "idem", Attempt: first.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 201, Actor: "proxy:test"})
+	done := finishLater(s, state.FinishRequest{RunID: "fl", Key: "idem", Attempt: first.Intent.Attempts, Outcome: state.IntentNotSent, Reason: "dial refused", Actor: "proxy:test"})
 	again := guard(t, s, state.GuardRequest{RunID: "fl", Key: "idem", ExplicitKey: true, BodyDigest: "A"})
 	if !again.Admitted || again.Intent.Attempts != 2 {
-		t.Fatalf("a replay after a queued RESPONDED: %+v, want a second attempt", again)
+		t.Fatalf("a replay after a queued NOT_SENT: %+v, want a second attempt", again)
 	}
-	// The first attempt's RESPONDED is in the audit log (below); its record
+	// The first attempt's NOT_SENT is in the audit log (below); its record
 	// is the second attempt's now.
 	if a := answered(t, done); a.err != nil {
 		t.Fatalf("done got %v", a.err)
@@ -630,7 +717,7 @@ func testFinishLater(t *testing.T, s state.Store) {
 			outcomes = append(outcomes, e.Intent+" "+e.To)
 		}
 	}
-	if want := []string{"idem RESPONDED", "other NOT_SENT"}; !slices.Equal(outcomes, want) {
+	if want := []string{"idem NOT_SENT", "other NOT_SENT"}; !slices.Equal(outcomes, want) {
 		t.Fatalf("outcome events %q, want %q", outcomes, want)
 	}
 }
@@ -1206,7 +1293,7 @@ func testFinishNotApplied(t *testing.T, s state.Store) {
 	if outcome == nil || outcome.To != string(state.IntentNotApplied) || outcome.Reason != "policy: run_cancelled" {
 		t.Fatalf("outcome event %+v, want IN_FLIGHT -> NOT_APPLIED for \"policy: run_cancelled\"", outcome)
 	}
-	// A replay of the key is a new attempt with no source of its own.
+	// The effect is settled: a replay of its key answers with the record.
 	admit(t, s, "na3")
 	first := guard(t, s, state.GuardRequest{RunID: "na3", Key: "read", ExplicitKey: true, Method: "GET"})
 	if _, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na3", Key: "read", Attempt: first.Intent.Attempts, Outcome: state.IntentNotApplied,
@@ -1214,7 +1301,7 @@ func testFinishNotApplied(t *testing.T, s state.Store) {
 		t.Fatal(err)
 	}
 	again := guard(t, s, state.GuardRequest{RunID: "na3", Key: "read", ExplicitKey: true, Method: "GET"})
-	if !again.Admitted || again.Intent.Source != "" || again.Intent.Attempts != 2 {
+	if again.Admitted || again.Refusal != state.RefusalKeyReused || again.Intent.Source != state.SourceSafeMethod || again.Intent.Attempts != 1 {
 		t.Fatalf("replay of a NOT_APPLIED key: %+v", again)
 	}
 }

@@ -124,11 +124,16 @@ local function op_guard(o)
     refusal = 'run_not_active'
   end
   if not refusal and existing then
+    -- state.ReplayRefusal: a record is written once per dispatch, never
+    -- rewritten. Only a SCHEDULED retry guarded without a time (its
+    -- dispatch) and what provably never left are dispatched again.
     local st = existing.state
-    -- A SCHEDULED retry guarded again without a time is its dispatch.
     if st == 'IN_FLIGHT' or st == 'UNKNOWN' or (st == 'SCHEDULED' and not_before ~= '') then
       refusal = 'intent_in_progress'
-    elseif digest ~= '' and existing.body_digest ~= '' and digest ~= existing.body_digest then
+    elseif existing.boundary ~= boundary or existing.method ~= method or existing.target ~= target or
+        (digest ~= '' and existing.body_digest ~= '' and digest ~= existing.body_digest) then
+      refusal = 'idempotency_key_reused'
+    elseif st ~= 'SCHEDULED' and st ~= 'NOT_SENT' and st ~= 'CANCELLED_BEFORE_DISPATCH' then
       refusal = 'idempotency_key_reused'
     end
   end

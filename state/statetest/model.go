@@ -1,0 +1,487 @@
+package statetest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/machine"
+)
+
+// Model is the state machine alone: the rules of package machine applied
+// to runs held in memory, one step at a time under one lock. It is what
+// the stores must answer as (the differential suite compares them with
+// it), and it checks every expectation a rule states against what it
+// holds, so that a rule that expects less than it read shows here first.
+// It keeps nothing on disk and is for tests only.
+type Model struct {
+	// Clock gives each step its time; time.Now when nil.
+	Clock func() time.Time
+
+	mu     sync.Mutex
+	runs   map[string]*modelRun
+	subs   []chan string
+	closed bool
+}
+
+type modelRun struct {
+	row     state.Run
+	last    time.Time // the run's last step, which no later step is dated before
+	final   time.Time // when it became final (retention)
+	intents map[string]*modelIntent
+	order   []string
+	derived map[string]int64
+	events  []state.Event
+}
+
+type modelIntent struct {
+	rec state.Intent
+	ord int
+}
+
+var _ state.Store = (*Model)(nil)
+
+// NewModel returns an empty model.
+func NewModel() *Model { return &Model{runs: map[string]*modelRun{}} }
+
+func (m *Model) now(r *modelRun) time.Time {
+	now := time.Now()
+	if m.Clock != nil {
+		now = m.Clock()
+	}
+	now = now.UTC().Truncate(time.Millisecond)
+	if r != nil && r.last.After(now) {
+		now = r.last
+	}
+	return now
+}
+
+// modelView is a run as a rule reads it.
+type modelView struct{ r *modelRun }
+
+func (v modelView) Row() (state.Run, bool, error) {
+	if v.r == nil {
+		return state.Run{}, false, nil
+	}
+	row := v.r.row
+	row.Intents = maps.Clone(row.Intents)
+	return row, true, nil
+}
+
+func (v modelView) Intent(key string) (state.Intent, bool, error) {
+	if v.r == nil {
+		return state.Intent{}, false, nil
+	}
+	in, ok := v.r.intents[key]
+	if !ok {
+		return state.Intent{}, false, nil
+	}
+	return in.rec, true, nil
+}
+
+func (v modelView) Derived(base string) (int64, error) {
+	if v.r == nil {
+		return 0, nil
+	}
+	return v.r.derived[base], nil
+}
+
+func (v modelView) withState(st state.IntentState) []state.Intent {
+	if v.r == nil {
+		return nil
+	}
+	var out []state.Intent
+	for _, k := range v.r.order {
+		if in := v.r.intents[k]; in.rec.State == st {
+			out = append(out, in.rec)
+		}
+	}
+	return out
+}
+
+func (v modelView) InFlight() ([]state.Intent, error) { return v.withState(state.IntentInFlight), nil }
+func (v modelView) Scheduled() ([]state.Intent, error) {
+	return v.withState(state.IntentScheduled), nil
+}
+
+// step runs one rule on a run under the lock, checks its expectations and
+// applies its mutation.
+func (m *Model) step(id string, rule func(v machine.View, now time.Time) (*machine.Mutation, error)) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("model: %w: closed", state.ErrUnavailable)
+	}
+	r := m.runs[id]
+	mut, err := rule(modelView{r}, m.now(r))
+	if err != nil || mut == nil {
+		return err
+	}
+	if err := m.check(r, mut); err != nil {
+		panic(err)
+	}
+	m.apply(id, r, mut)
+	return nil
+}
+
+// check verifies that a rule's expectations hold of what it read: they
+// must, since nothing came between.
+func (m *Model) check(r *modelRun, mut *machine.Mutation) error {
+	for _, e := range mut.Expect {
+		ok := true
+		switch e.Kind {
+		case machine.ExpectRowAbsent:
+			ok = r == nil
+		case machine.ExpectStatus:
+			ok = r != nil && r.row.Status == e.Status
+		case machine.ExpectVersion:
+			ok = r != nil && r.row.CancelVersion == e.N
+		case machine.ExpectCount:
+			ok = r != nil && int64(r.row.Intents[e.State]) == e.N
+		case machine.ExpectIntentAbsent:
+			ok = r == nil || r.intents[e.Key] == nil
+		case machine.ExpectIntentPresent, machine.ExpectIntent:
+			ok = r != nil && r.intents[e.Key] != nil
+		case machine.ExpectIntentAt:
+			in := r.intents[e.Key]
+			ok = in != nil && in.rec.State == e.State && int64(in.rec.Attempts) == e.N && in.rec.Refusals == e.Refusals
+		case machine.ExpectDerived:
+			ok = r != nil && r.derived[e.Key] == e.N
+		case machine.ExpectNotAfter:
+			ok = !mut.Now.After(e.Time)
+		}
+		if !ok {
+			return fmt.Errorf("model: run %s: a rule expected %+v, which does not hold of what it read", mut.RunID, e)
+		}
+	}
+	return nil
+}
+
+func (m *Model) apply(id string, r *modelRun, mut *machine.Mutation) {
+	if mut.Create {
+		r = &modelRun{row: mut.Row, intents: map[string]*modelIntent{}, derived: map[string]int64{}}
+		r.row.Intents = map[state.IntentState]int{}
+		m.runs[id] = r
+	} else if mut.RowChanged {
+		counts, pruned := r.row.Intents, r.row.PrunedAt
+		r.row = mut.Row
+		r.row.Intents, r.row.PrunedAt = counts, pruned
+	}
+	for st, d := range mut.Counts {
+		if r.row.Intents[st] += d; r.row.Intents[st] == 0 {
+			delete(r.row.Intents, st)
+		}
+	}
+	for _, w := range mut.Intents {
+		in := r.intents[w.Rec.Key]
+		if in == nil {
+			in = &modelIntent{ord: len(r.order) + 1}
+			r.intents[w.Rec.Key] = in
+			r.order = append(r.order, w.Rec.Key)
+		}
+		in.rec = w.Rec
+	}
+	for _, d := range mut.Derived {
+		r.derived[d.Base] = d.N
+	}
+	r.events = append(r.events, mut.Events...)
+	r.last = mut.Now
+	if r.row.Final() && r.final.IsZero() {
+		r.final = mut.Now
+	}
+	if mut.Publish {
+		for _, ch := range m.subs {
+			select {
+			case ch <- id:
+			default:
+			}
+		}
+	}
+}
+
+func (m *Model) Admit(_ context.Context, req state.AdmitRequest) (state.AdmitResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.AdmitResult{}, err
+	}
+	var out state.AdmitResult
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Admit(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) Cancel(_ context.Context, req state.CancelRequest) (state.CancelResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.CancelResult{}, err
+	}
+	var out state.CancelResult
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Cancel(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) Complete(_ context.Context, req state.CompleteRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	var out state.Run
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Complete(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) Guard(_ context.Context, req state.GuardRequest) (state.GuardResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.GuardResult{}, err
+	}
+	var out state.GuardResult
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Guard(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) Finish(_ context.Context, req state.FinishRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	var out state.Intent
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Finish(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+// FinishLater is Finish, answered at once: the model has no writes to
+// ride with.
+func (m *Model) FinishLater(ctx context.Context, req state.FinishRequest, done func(error)) {
+	_, err := m.Finish(ctx, req)
+	done(err)
+}
+
+func (m *Model) Resolve(_ context.Context, req state.ResolveRequest) (state.Intent, error) {
+	if err := req.Validate(); err != nil {
+		return state.Intent{}, err
+	}
+	var out state.Intent
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Resolve(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) Note(_ context.Context, req state.NoteRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	return m.step(req.RunID, func(v machine.View, now time.Time) (*machine.Mutation, error) {
+		return machine.Note(v, req, now)
+	})
+}
+
+func (m *Model) Renew(_ context.Context, req state.RenewRequest) (state.RenewResult, error) {
+	if err := req.Validate(); err != nil {
+		return state.RenewResult{}, err
+	}
+	out := state.RenewResult{Runs: map[string]state.Run{}}
+	byRun := map[string][]string{}
+	var runs []string
+	for _, ref := range req.Refs {
+		if _, ok := byRun[ref.RunID]; !ok {
+			runs = append(runs, ref.RunID)
+		}
+		byRun[ref.RunID] = append(byRun[ref.RunID], ref.Key)
+	}
+	for _, id := range runs {
+		err := m.step(id, func(v machine.View, now time.Time) (*machine.Mutation, error) {
+			r, mut, err := machine.Renew(v, id, req.Owner, req.TTL, byRun[id], now)
+			if err == nil && r.Found {
+				out.Runs[id] = r.Run
+				out.Renewed = append(out.Renewed, r.Renewed...)
+			}
+			return mut, err
+		})
+		if err != nil {
+			return state.RenewResult{}, err
+		}
+	}
+	return out, nil
+}
+
+func (m *Model) Tick(_ context.Context, req state.TickRequest) (state.Run, error) {
+	if err := req.Validate(); err != nil {
+		return state.Run{}, err
+	}
+	var out state.Run
+	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = machine.Tick(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
+func (m *Model) run(id string) (*modelRun, error) {
+	if err := state.ValidateRunID(id); err != nil {
+		return nil, err
+	}
+	r := m.runs[id]
+	if r == nil {
+		return nil, fmt.Errorf("run %s: %w", id, state.ErrNotFound)
+	}
+	return r, nil
+}
+
+func (m *Model) Get(_ context.Context, id string) (state.Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.run(id)
+	if err != nil {
+		return state.Run{}, err
+	}
+	row, _, _ := modelView{r}.Row()
+	return row, nil
+}
+
+func (m *Model) List(_ context.Context, status state.Status) ([]state.Run, error) {
+	if status != "" && !slices.Contains(state.Statuses, status) {
+		return nil, fmt.Errorf("%w: unknown run status %q", state.ErrInvalid, status)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []state.Run
+	for _, id := range slices.Sorted(maps.Keys(m.runs)) {
+		if row, _, _ := (modelView{m.runs[id]}).Row(); status == "" || row.Status == status {
+			out = append(out, row)
+		}
+	}
+	return out, nil
+}
+
+func (m *Model) ids(keep func(state.Run) bool) []string {
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(m.runs)) {
+		if keep(m.runs[id].row) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (m *Model) DrainingRuns(context.Context) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ids(func(r state.Run) bool { return r.Status == state.StatusCancelling || r.Status == state.StatusUnknown }), nil
+}
+
+func (m *Model) ActiveRuns(_ context.Context, after string, limit int) ([]string, error) {
+	if err := state.ValidatePage(after, limit); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, id := range m.ids(func(r state.Run) bool { return r.Status == state.StatusActive }) {
+		if id > after && len(out) < limit {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+func (m *Model) Intent(_ context.Context, id, key string) (state.Intent, error) {
+	if err := state.ValidateKey(key); err != nil {
+		return state.Intent{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.run(id)
+	if err != nil {
+		return state.Intent{}, err
+	}
+	in := r.intents[key]
+	if in == nil {
+		return state.Intent{}, fmt.Errorf("run %s intent %s: %w", id, key, state.ErrNotFound)
+	}
+	return in.rec, nil
+}
+
+func (m *Model) Intents(_ context.Context, id string) ([]state.Intent, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.run(id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]state.Intent, 0, len(r.order))
+	for _, k := range r.order {
+		out = append(out, r.intents[k].rec)
+	}
+	return out, nil
+}
+
+func (m *Model) Events(_ context.Context, id string) ([]state.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.run(id)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(r.events), nil
+}
+
+// Prune removes the intents and events of final runs, oldest first; the
+// rows stay.
+func (m *Model) Prune(_ context.Context, req state.PruneRequest) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, id := range slices.Sorted(maps.Keys(m.runs)) {
+		r := m.runs[id]
+		if n == req.Limit || !r.row.Final() || r.final.IsZero() || !r.final.Before(req.FinalBefore) {
+			continue
+		}
+		r.intents, r.order, r.derived, r.events = map[string]*modelIntent{}, nil, map[string]int64{}, nil
+		r.row.PrunedAt, r.final = m.now(r), time.Time{}
+		n++
+	}
+	return n, nil
+}
+
+func (m *Model) Cancels(ctx context.Context) (<-chan string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch := make(chan string, 256)
+	m.subs = append(m.subs, ch)
+	return ch, nil
+}
+
+func (m *Model) Ping(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("model: %w: closed", state.ErrUnavailable)
+	}
+	return nil
+}
+
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}
