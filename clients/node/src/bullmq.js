@@ -10,11 +10,13 @@
  * BullMQ (the job failed, not to be retried, its failedReason naming the
  * run's row). BullMQ's attempts are stopgate's retries: before a failed job
  * goes back to BullMQ for its next attempt, that attempt is scheduled through
- * the guard (POST …/retries, key retry:<job id>:<n>), which the cancel
- * revokes in its own step, and the next attempt is dispatched through the
- * guard when it starts. A job that runs is handed an AbortSignal that aborts
- * the moment the worker hears the cancel on the run's watch stream, and a
- * checkpoint() that throws {@link RunCancelled} from then on.
+ * the guard (POST …/retries, key retry:<job id>:<n>; refused after the
+ * cancel: the job fails, RETRY_REFUSED), which the cancel revokes in its own
+ * step, and the next attempt is dispatched through the guard when it starts
+ * (refused once revoked: the job fails, RETRY_REVOKED). A job that runs is
+ * handed an AbortSignal that aborts the moment the worker hears the cancel on
+ * the run's watch stream, and a checkpoint() that throws {@link RunCancelled}
+ * from then on.
  *
  * It takes nothing of BullMQ: the processor it returns is what BullMQ's
  * Worker calls, and a job that must not be retried fails with an error named
@@ -48,6 +50,7 @@ export const DATA_KEY = 'stopgate';
 /** Why a guarded job did not run or did not finish, at the head of the failedReason BullMQ records. */
 export const REFUSED_AT_CLAIM = 'stopgate: refused at the claim';
 export const RETRY_REVOKED = 'stopgate: retry revoked';
+export const RETRY_REFUSED = 'stopgate: retry refused';
 export const STOPPED_AT_CHECKPOINT = 'stopgate: stopped at a checkpoint';
 
 /**
@@ -253,7 +256,7 @@ export function guarded(processor, opts = {}) {
         } catch (rerr) {
           const why = /** @type {Error} */ (rerr).message;
           await report(`failed; its retry was refused: ${why}`).catch(() => {});
-          if (rerr instanceof RunCancelled) throw unrecoverable(`${RETRY_REVOKED}: ${why}`, err);
+          if (rerr instanceof RunCancelled) throw unrecoverable(`${RETRY_REFUSED}: ${why}`, err);
           throw unrecoverable(`stopgate: the retry could not be scheduled, so it does not run: ${why}`, err);
         }
         await report(`failed; retried as attempt ${next}: ${e?.name}: ${e?.message}`);

@@ -229,7 +229,7 @@ function compact(o) {
  * @property {string} [token] the bearer token (default $STOPGATE_CONTROL_TOKEN): a worker holds its run token (sg1.…), which acts for that one run
  * @property {string} [actor] X-Stopgate-Actor: the name an operator gives itself in the audit log
  * @property {number} [timeout] bounds one call, in ms (default 30 000)
- * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY_ADDR, else asked of the server, which needs an operator or read-only token)
+ * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
  */
 
 /**
@@ -257,7 +257,7 @@ export class Client {
     this.token = opts.token ?? process.env.STOPGATE_CONTROL_TOKEN ?? '';
     this.actor = opts.actor;
     this.timeout = opts.timeout ?? 30_000;
-    this.proxyAddr = opts.proxyAddr || process.env.STOPGATE_PROXY_ADDR || undefined;
+    this.proxyAddr = opts.proxyAddr || process.env.STOPGATE_PROXY || undefined;
     // An agent of our own: never a global one that proxy settings reach.
     /** @private */
     this.agent = u.protocol === 'https:' ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });

@@ -36,6 +36,7 @@ export const DATA_KEY: "stopgate";
 /** Why a guarded job did not run or did not finish, at the head of the failedReason BullMQ records. */
 export const REFUSED_AT_CLAIM: "stopgate: refused at the claim";
 export const RETRY_REVOKED: "stopgate: retry revoked";
+export const RETRY_REFUSED: "stopgate: retry refused";
 export const STOPPED_AT_CHECKPOINT: "stopgate: stopped at a checkpoint";
 /**
  * What a job carries of its run.

@@ -125,7 +125,7 @@ export class StopgateUnavailable extends StopgateError {
  * @property {string} [token] the bearer token (default $STOPGATE_CONTROL_TOKEN): a worker holds its run token (sg1.…), which acts for that one run
  * @property {string} [actor] X-Stopgate-Actor: the name an operator gives itself in the audit log
  * @property {number} [timeout] bounds one call, in ms (default 30 000)
- * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY_ADDR, else asked of the server, which needs an operator or read-only token)
+ * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
  */
 /**
  * Calls one stopgate control API. It never goes through the proxy settings of
@@ -633,7 +633,7 @@ export type ClientOptions = {
      */
     timeout?: number | undefined;
     /**
-     * the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY_ADDR, else asked of the server, which needs an operator or read-only token)
+     * the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
      */
     proxyAddr?: string | undefined;
 };

@@ -7,11 +7,13 @@ ACTIVE. Refused, the task is not run: the refusal is recorded by stopgate
 (CANCELLED_BEFORE_DISPATCH) and by Celery (the task REVOKED, its reason naming
 the run's row). Celery's retries are stopgate's retries: ``self.retry()``
 first schedules the next attempt through the guard (``POST …/retries``, key
-``retry:<task id>:<n>``), which the cancel revokes in its own step, and the
-retried task is dispatched through the guard again when it comes due. A task
-that runs checks :func:`checkpoint` between its steps and stops there once the
-run is no longer ACTIVE; the worker hears the cancel on the run's watch stream
-the moment it commits, so a checkpoint asks nothing of the server.
+``retry:<task id>:<n>``; refused after the cancel, the task is REVOKED,
+RETRY_REFUSED), which the cancel revokes in its own step, and the retried
+task is dispatched through the guard again when it comes due (refused once
+revoked: REVOKED, RETRY_REVOKED). A task that runs checks :func:`checkpoint`
+between its steps and stops there once the run is no longer ACTIVE; the worker
+hears the cancel on the run's watch stream the moment it commits, so a
+checkpoint asks nothing of the server.
 
 Use it as the base of the tasks (or of the app's tasks)::
 
@@ -65,6 +67,7 @@ HEADER_TOKEN = "stopgate_token"
 #: reason Celery records with its REVOKED state.
 REFUSED_AT_CLAIM = "stopgate: refused at the claim"
 RETRY_REVOKED = "stopgate: retry revoked"
+RETRY_REFUSED = "stopgate: retry refused"
 STOPPED_AT_CHECKPOINT = "stopgate: stopped at a checkpoint"
 
 
@@ -222,7 +225,7 @@ class GuardedTask(Task):
             step.client.retry(step.run_id, step.step_id, attempt, eta, cancel_version=step.cancel_version)
         except RunCancelled as e:
             step.report(f"failed; its retry was refused: {e}"[:1000])
-            self._revoked(f"{RETRY_REVOKED}: {e}")
+            self._revoked(f"{RETRY_REFUSED}: {e}")
         step.report(f"failed; retried as attempt {attempt}" + (f": {type(exc).__name__}: {exc}" if exc else "")[:900])
         # Celery 5.2 does not carry a message's own headers to its retry.
         hdrs = dict(options.pop("headers", None) or {})

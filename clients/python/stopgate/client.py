@@ -274,7 +274,7 @@ class Client:
     ``http://127.0.0.1:8081``); ``token`` the bearer token (default
     ``$STOPGATE_CONTROL_TOKEN``): a worker holds its run token (``sg1.…``), which
     acts for that one run. ``proxy_addr`` is the egress proxy's host:port for
-    :meth:`proxy_settings` (default ``$STOPGATE_PROXY_ADDR``, else asked of the
+    :meth:`proxy_settings` (default ``$STOPGATE_PROXY``, else asked of the
     server, which needs an operator or read-only token). The client never goes
     through the proxy variables of its environment: the control API is not an
     upstream.
@@ -304,7 +304,7 @@ class Client:
         self.token = token if token is not None else os.environ.get("STOPGATE_CONTROL_TOKEN", "")
         self.actor = actor
         self.timeout = timeout
-        self.proxy_addr = proxy_addr or os.environ.get("STOPGATE_PROXY_ADDR") or None
+        self.proxy_addr = proxy_addr or os.environ.get("STOPGATE_PROXY") or None
         self._ssl = ssl_context
         self._lock = threading.Lock()
         self._watches: dict[str, list["Watch"]] = {}
