@@ -107,6 +107,7 @@ export function jobData(data, runId, o = {}) {
  * @property {string} [token] the bearer token when the job carries none (default $STOPGATE_CONTROL_TOKEN)
  * @property {number} [leaseTtl] the claim's lease in seconds (default 600); a running job renews it every third of it
  * @property {string} [worker] the name the claim is leased to (default host/pid)
+ * @property {number} [followIdle] how long, in ms, a run's watch stays open after the last of its jobs here ended (default FOLLOW_IDLE)
  */
 
 /**
@@ -120,34 +121,59 @@ function unrecoverable(message, cause) {
   return e;
 }
 
-/** @type {Map<string, Client>} */
-const clients = new Map();
-/** @type {Map<string, Watch>} */
-const watches = new Map();
+/**
+ * One watch per run in a worker process, shared by the jobs of the run that
+ * run in it (the server bounds the watches of one run, and a process needs
+ * but one), with the client that opened it: a checkpoint finds the watch on
+ * the job's client. It is closed a minute after the last of them ended, so a
+ * worker that goes through many runs does not keep a stream open for each.
+ */
+export const FOLLOW_IDLE = 60_000;
+
+/** @typedef {{client: Client, watch: Watch, users: number, idle?: NodeJS.Timeout}} Follow */
+/** @type {Map<string, Follow>} */
+const follows = new Map();
 
 /**
- * One client per control API and token, one started watch per run and
- * client in a process, shared by its jobs: the server bounds the watches
- * of one run, and a process needs but one.
  * @param {GuardOptions} opts
  * @param {string | undefined} token
+ * @param {string} runId
+ * @returns {[string, Follow]}
  */
-function clientFor(opts, token) {
-  const k = `${opts.control ?? ''}\n${token ?? opts.token ?? ''}`;
-  let c = clients.get(k);
-  if (!c) clients.set(k, (c = new Client({ control: opts.control, token: token ?? opts.token })));
-  return c;
+function follow(opts, token, runId) {
+  const tok = token ?? opts.token;
+  const key = JSON.stringify([opts.control ?? '', tok ?? '', runId]);
+  let f = follows.get(key);
+  if (!f) {
+    const client = new Client({ control: opts.control, token: tok });
+    f = { client, watch: client.watch(runId).start(), users: 0 };
+    follows.set(key, f);
+  } else if (f.watch.ended) {
+    f.watch = f.client.watch(runId).start(); // it ended (a refusal, or the run final): open it again
+  }
+  f.users++;
+  if (f.idle) clearTimeout(f.idle);
+  f.idle = undefined;
+  return [key, f];
+}
+
+/** @param {string} key @param {Follow} f @param {number} idle */
+function unfollow(key, f, idle) {
+  if (--f.users > 0) return;
+  f.idle = setTimeout(() => {
+    if (follows.get(key) !== f || f.users > 0) return;
+    follows.delete(key);
+    void f.watch.close();
+  }, idle);
+  f.idle.unref();
 }
 
 /**
- * @param {Client} client
- * @param {string} runId
+ * How many runs this worker process holds a watch stream open for.
+ * @returns {number}
  */
-function watchFor(client, runId) {
-  const k = `${client.token}\n${runId}`;
-  let w = watches.get(k);
-  if (!w || w.ended) watches.set(k, (w = client.watch(runId).start()));
-  return w;
+export function activeWatches() {
+  return follows.size;
 }
 
 /**
@@ -195,7 +221,25 @@ export function guarded(processor, opts = {}) {
     if (!meta?.run_id) {
       throw unrecoverable(`job ${j.name}[${j.id}] names no stopgate run: add it with jobData(data, runId, …)`);
     }
-    const client = clientFor(opts, meta.token);
+    const [key, f] = follow(opts, meta.token, meta.run_id);
+    try {
+      return await run(job, signal, f.client, f.watch, meta);
+    } finally {
+      unfollow(key, f, opts.followIdle ?? FOLLOW_IDLE);
+    }
+  };
+
+  /**
+   * @param {any} job
+   * @param {AbortSignal | undefined} signal
+   * @param {Client} client
+   * @param {Watch} watch
+   * @param {JobRun} meta
+   * @returns {Promise<R>}
+   */
+  async function run(job, signal, client, watch, meta) {
+    /** @type {JobLike} */
+    const j = job;
     const runId = meta.run_id;
     const cancelVersion = meta.cancel_version ?? 0;
     const stepId = String(j.id);
@@ -210,15 +254,14 @@ export function guarded(processor, opts = {}) {
       // Fail closed and do not let BullMQ retry: the retry was never scheduled.
       throw unrecoverable(`stopgate: the claim could not be made, the job did not run: ${/** @type {Error} */ (err).message}`, err);
     }
-    const watch = watchFor(client, runId);
     const ac = new AbortController();
     /** @param {AbortSignal} s */
-    const follow = (s) => {
+    const abortWith = (s) => {
       if (s.aborted) ac.abort(s.reason);
       else s.addEventListener('abort', () => ac.abort(s.reason), { once: true });
     };
-    follow(watch.signal);
-    if (signal) follow(signal);
+    abortWith(watch.signal);
+    if (signal) abortWith(signal);
     /** @type {Step} */
     const step = {
       client, runId, cancelVersion, stepId, key: g.intent.key, attempt: g.intent.attempts, worker, signal: ac.signal,
@@ -267,7 +310,7 @@ export function guarded(processor, opts = {}) {
     } finally {
       clearInterval(beat);
     }
-  };
+  }
 }
 
 export { RunCancelled, StopgateError };

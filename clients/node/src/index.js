@@ -748,6 +748,7 @@ export class Watch {
     const resp = await c.open('GET', runPath(this.runId, 'watch'), { accept: 'text/event-stream', timeout: WATCH_IDLE });
     this.resp = resp;
     try {
+      if (this.closed) return; // closed while the stream was being opened
       if (resp.statusCode !== 200) {
         const raw = await readAll(resp, c.base.origin);
         let v;

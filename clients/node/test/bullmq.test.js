@@ -5,7 +5,7 @@ import { spawn } from 'node:child_process';
 import readline from 'node:readline';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { REFUSED_AT_CLAIM, RETRY_REFUSED, RETRY_REVOKED, STOPPED_AT_CHECKPOINT, jobData } from '../src/bullmq.js';
+import { REFUSED_AT_CLAIM, RETRY_REFUSED, RETRY_REVOKED, STOPPED_AT_CHECKPOINT, activeWatches, guarded, jobData } from '../src/bullmq.js';
 import { CONTROL, CONTROL_B, REDIS, eventually, operator, runId } from './support.js';
 
 const QUEUED = 20;
@@ -51,7 +51,7 @@ function startWorker(queue, name, control) {
 /** @param {string} key */
 const list = async (key) => (await records.lrange(key, 0, -1)).map((s) => JSON.parse(s));
 
-test('a cancel stops the queue at the claim', async () => {
+test('a cancel stops the queue at the claim', { timeout: 180_000 }, async () => {
   await records.flushdb();
   const queueName = runId('bullmq');
   const queue = new Queue(queueName, { connection });
@@ -159,4 +159,28 @@ test('a cancel stops the queue at the claim', async () => {
   assert.deepEqual(notAdmittedBefore, []);
   assert.deepEqual(unguarded, []);
   assert.equal((states.completed ?? 0) + (states.failed ?? 0), QUEUED);
+});
+
+test('a worker process holds one watch per run for its jobs, and lets it go once they are done', { timeout: 60_000 }, async () => {
+  const op = operator();
+  const rid = (await op.admit(runId('follow'))).run_id;
+  const token = await op.tokenFor(rid);
+  /** @type {Map<string, () => void>} each running job's end, by its id */
+  const release = new Map();
+  const processor = guarded((job, step) => new Promise((resolve) => release.set(job.id, () => resolve(step.attempt))), { control: CONTROL, followIdle: 300 });
+  const before = activeWatches();
+  // Two jobs of one run at once, called as BullMQ's Worker calls a processor.
+  const job = (/** @type {string} */ id) => ({ id, name: 'work', data: jobData({}, rid, { token }), attemptsMade: 0, opts: {} });
+  const running = [processor(job('1')), processor(job('2'))];
+  await eventually('both jobs run', () => release.size === 2);
+  assert.equal(activeWatches(), before + 1, 'two jobs of one run share one watch');
+  release.get('1')?.();
+  await running[0];
+  await new Promise((r) => setTimeout(r, 600));
+  assert.equal(activeWatches(), before + 1, 'a job of the run still runs: the watch stays');
+  release.get('2')?.();
+  await running[1];
+  await eventually('the idle watch is closed', () => activeWatches() === before, 5000);
+  const states = Object.fromEntries((await op.audit(rid)).intents.map((i) => [i.key, i.state]));
+  assert.deepEqual(states, { 'claim:1': 'RESPONDED', 'claim:2': 'RESPONDED' });
 });

@@ -20,6 +20,11 @@ export function jobData<T extends object>(data: T, runId: string, o?: {
     stopgate: JobRun;
 };
 /**
+ * How many runs this worker process holds a watch stream open for.
+ * @returns {number}
+ */
+export function activeWatches(): number;
+/**
  * Wraps a BullMQ processor so that each job is claimed through stopgate
  * before it runs, its retries are stopgate retries, and it is aborted at the
  * cancel. The processor is called as processor(job, step).
@@ -38,6 +43,14 @@ export const REFUSED_AT_CLAIM: "stopgate: refused at the claim";
 export const RETRY_REVOKED: "stopgate: retry revoked";
 export const RETRY_REFUSED: "stopgate: retry refused";
 export const STOPPED_AT_CHECKPOINT: "stopgate: stopped at a checkpoint";
+/**
+ * One watch per run in a worker process, shared by the jobs of the run that
+ * run in it (the server bounds the watches of one run, and a process needs
+ * but one), with the client that opened it: a checkpoint finds the watch on
+ * the job's client. It is closed a minute after the last of them ended, so a
+ * worker that goes through many runs does not keep a stream open for each.
+ */
+export const FOLLOW_IDLE: 60000;
 /**
  * What a job carries of its run.
  */
@@ -117,9 +130,19 @@ export type GuardOptions = {
      * the name the claim is leased to (default host/pid)
      */
     worker?: string | undefined;
+    /**
+     * how long, in ms, a run's watch stays open after the last of its jobs here ended (default FOLLOW_IDLE)
+     */
+    followIdle?: number | undefined;
 };
 export type Run = import("./index.js").Run;
 export type Watch = import("./index.js").Watch;
+export type Follow = {
+    client: Client;
+    watch: Watch;
+    users: number;
+    idle?: NodeJS.Timeout;
+};
 import { RunCancelled } from './index.js';
 import { StopgateError } from './index.js';
 import { Client } from './index.js';

@@ -57,7 +57,7 @@ from celery.exceptions import Ignore, Retry
 
 from .client import Client, Run, RunCancelled, StopgateError, Watch
 
-__all__ = ["HEADER_RUN", "HEADER_TOKEN", "HEADER_VERSION", "GuardedTask", "checkpoint", "current", "headers"]
+__all__ = ["HEADER_RUN", "HEADER_TOKEN", "HEADER_VERSION", "GuardedTask", "Step", "active_watches", "checkpoint", "current", "headers"]
 
 HEADER_RUN = "stopgate_run"
 HEADER_VERSION = "stopgate_version"
@@ -126,22 +126,66 @@ def checkpoint() -> Run:
     return step.checkpoint()
 
 
-# One watch per run per worker process, shared by the process's tasks: the
-# server bounds the watches of one run, and a process needs but one.
-_watches: dict[str, Watch] = {}
-_watches_lock = threading.Lock()
+# One watch per run in a worker process, shared by the tasks of the run that
+# run in it (the server bounds the watches of one run, and a process needs
+# but one), with the client that opened it: a checkpoint finds the watch on
+# the task's client. It is closed a minute after the last of them ended, so a
+# worker that goes through many runs does not keep a stream open for each.
+FOLLOW_IDLE = 60.0
 
 
-def _watch(client: Client, run_id: str) -> None:
-    with _watches_lock:
-        w = _watches.get(run_id)
-        if w is not None and w._thread is not None and w._thread.is_alive():
-            if w.client is client:
-                return
-            # A new task of the run brought its own client (its token): the
-            # checkpoint looks for the watch on that client.
-            w.close()
-        _watches[run_id] = client.watch(run_id).start()
+@dataclass
+class _Follow:
+    client: Client
+    watch: Watch
+    users: int = 0
+    idle: Optional[threading.Timer] = None
+
+
+_follows: dict[tuple[Optional[str], Optional[str], str], _Follow] = {}
+_follows_lock = threading.Lock()
+
+
+def _follow(control: Optional[str], token: Optional[str], run_id: str) -> tuple[tuple[Optional[str], Optional[str], str], Client]:
+    key = (control, token, run_id)
+    with _follows_lock:
+        f = _follows.get(key)
+        if f is None:
+            client = Client(control, token)
+            f = _follows[key] = _Follow(client, client.watch(run_id).start())
+        elif f.watch._thread is None or not f.watch._thread.is_alive():
+            f.watch = f.client.watch(run_id).start()  # it ended (a refusal, or the run final): open it again
+        f.users += 1
+        if f.idle is not None:
+            f.idle.cancel()
+            f.idle = None
+        return key, f.client
+
+
+def _unfollow(key: tuple[Optional[str], Optional[str], str]) -> None:
+    with _follows_lock:
+        f = _follows.get(key)
+        if f is None:
+            return
+        f.users -= 1
+        if f.users == 0:
+            f.idle = threading.Timer(FOLLOW_IDLE, _close_idle, (key, f))
+            f.idle.daemon = True
+            f.idle.start()
+
+
+def active_watches() -> int:
+    """How many runs this worker process holds a watch stream open for."""
+    with _follows_lock:
+        return len(_follows)
+
+
+def _close_idle(key: tuple[Optional[str], Optional[str], str], f: _Follow) -> None:
+    with _follows_lock:
+        if _follows.get(key) is not f or f.users > 0:
+            return
+        del _follows[key]
+    f.watch.close()
 
 
 class GuardedTask(Task):
@@ -164,7 +208,14 @@ class GuardedTask(Task):
         run_id = req.get(HEADER_RUN)
         if not run_id:
             raise StopgateError(f"task {self.name}[{req.id}] names no stopgate run: enqueue it with headers=stopgate.celery.headers(run_id, …)")
-        client = Client(self.stopgate_control, req.get(HEADER_TOKEN) or self.stopgate_token)
+        following, client = _follow(self.stopgate_control, req.get(HEADER_TOKEN) or self.stopgate_token, run_id)
+        try:
+            return self._guarded(client, run_id, args, kwargs)
+        finally:
+            _unfollow(following)
+
+    def _guarded(self, client: Client, run_id: str, args: Any, kwargs: Any) -> Any:
+        req = self.request
         version = int(req.get(HEADER_VERSION) or 0)
         attempt = int(req.retries or 0)
         worker = f"{req.hostname or socket.gethostname()}/{os.getpid()}"
@@ -177,7 +228,6 @@ class GuardedTask(Task):
             what = REFUSED_AT_CLAIM if attempt == 0 else RETRY_REVOKED
             self._revoked(f"{what}: {e}")
         step = Step(client, run_id, version, req.id, g.intent.key, g.intent.attempts, worker)
-        _watch(client, run_id)
         token = _current.set(step)
         beat = _Heartbeat(step, self.stopgate_lease_ttl)
         try:

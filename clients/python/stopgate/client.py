@@ -682,6 +682,8 @@ class Watch:
         conn = c._connect(WATCH_IDLE)
         self._conn = conn
         try:
+            if self._closed.is_set():
+                return  # closed before close() could reach this connection
             conn.request("GET", c._path(_run_path(self.run_id, "watch")), headers=c._headers("text/event-stream"))
             resp = conn.getresponse()
             if resp.status != 200:

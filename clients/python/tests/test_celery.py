@@ -156,5 +156,32 @@ class CeleryTest(unittest.TestCase):
         self.assertEqual(states["SUCCESS"] + states["REVOKED"], QUEUED, f"every task SUCCESS or REVOKED: {dict(states)}")
 
 
+class SharedWatchTest(unittest.TestCase):
+    """A worker process holds one watch per run for the tasks of the run it runs, and lets it go once they are done."""
+
+    def test_shared_then_closed_when_idle(self) -> None:
+        op = operator()
+        rid = op.admit(run_id("follow")).run_id
+        token = op.token_for(rid)
+        self.addCleanup(setattr, sgc, "FOLLOW_IDLE", sgc.FOLLOW_IDLE)
+        sgc.FOLLOW_IDLE = 0.3
+        before = sgc.active_watches()
+        first, c1 = sgc._follow(support.CONTROL, token, rid)
+        second, c2 = sgc._follow(support.CONTROL, token, rid)
+        self.assertIs(c1, c2, "two tasks of one run share the client, and so the watch")
+        self.assertEqual(sgc.active_watches(), before + 1)
+        watch = sgc._follows[first].watch
+        eventually("the watch has the row", lambda: watch.fresh_row())
+        self.assertEqual(c1.checkpoint(rid).status, stopgate.ACTIVE)
+        sgc._unfollow(first)
+        time.sleep(0.6)
+        self.assertEqual(sgc.active_watches(), before + 1, "a task of the run still runs: the watch stays")
+        sgc._unfollow(second)
+        eventually("the idle watch is closed", lambda: sgc.active_watches() == before, within=5)
+        thread = watch._thread
+        assert thread is not None
+        eventually("its stream is closed", lambda: not thread.is_alive(), within=5)
+
+
 if __name__ == "__main__":
     unittest.main()
