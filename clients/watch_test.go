@@ -3,6 +3,7 @@ package clients_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -184,5 +185,34 @@ func TestServeShutdownEndsWatchStreams(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("serve took %s to stop with a watch open: the stream held the shutdown", d)
+	}
+}
+
+// TestServeBoundsWatches: serve's --max-watches-per-run reaches the
+// control API: past it, a watch is refused 429 with the bound named.
+func TestServeBoundsWatches(t *testing.T) {
+	dataDir := t.TempDir()
+	s := startServe(t, dataDir, nil, "--max-watches-per-run", "1")
+	tok, err := os.ReadFile(dataDir + "/operator.token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := client.New(s.control, client.Options{Token: strings.TrimSpace(string(tok))})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Admit(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{}, 1)
+	first := watchCancel(ctx, c, "r1", ready)
+	select {
+	case <-ready:
+	case h := <-first:
+		t.Fatalf("the first watch: %v", h.err)
+	}
+	_, err = c.Poll(ctx, "r1", state.Run{CancelVersion: 1, Status: state.StatusActive}, time.Second)
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || !strings.Contains(ae.Message, "run r1 already has 1 watches open") {
+		t.Fatalf("a second watch of the run: %v, want 429 naming the bound", err)
 	}
 }

@@ -74,7 +74,7 @@ func TestServeConfig(t *testing.T) {
 		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data", ControlAuth: "token",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
-		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
+		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, MaxWatches: 1024, MaxWatchesPerRun: 64, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults %+v, want %+v", cfg, want)
 	}
@@ -174,6 +174,8 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--allow-dest", "169.254.169.254"}, nil, "--allow-dest: allowed destinations: 169.254.169.254 is link-local or cloud metadata"},
 		{[]string{"--max-conns", "0"}, nil, "--max-conns: 0: want a positive number"},
 		{nil, map[string]string{"STOPGATE_MAX_CONNS_PER_RUN": "-1"}, "STOPGATE_MAX_CONNS_PER_RUN: -1: want a positive number"},
+		{[]string{"--max-watches", "0"}, nil, "--max-watches: 0: want a positive number"},
+		{nil, map[string]string{"STOPGATE_MAX_WATCHES_PER_RUN": "-1"}, "STOPGATE_MAX_WATCHES_PER_RUN: -1: want a positive number"},
 		{[]string{"--client-idle-timeout", "0s"}, nil, "--client-idle-timeout: 0s: want a positive duration"},
 		{[]string{"--tunnel-handshake-timeout", "soon"}, nil, "-tunnel-handshake-timeout: want a duration"},
 		{[]string{"--control-auth", "maybe"}, nil, `--control-auth: "maybe": want token or none`},

@@ -100,6 +100,8 @@ type serveConfig struct {
 	AllowDest []string
 	// MaxConns and MaxConnsPerRun cap the proxy's open exchanges.
 	MaxConns, MaxConnsPerRun int
+	// MaxWatches and MaxWatchesPerRun cap the control API's watches of runs.
+	MaxWatches, MaxWatchesPerRun int
 	// TunnelHandshakeTimeout bounds a tunnel's start, ClientIdleTimeout a
 	// proxy client's silence.
 	TunnelHandshakeTimeout, ClientIdleTimeout time.Duration
@@ -173,6 +175,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(listValue{&cfg.AllowDest}, "allow-dest", "`HOST|CIDR` the proxy may reach although it is loopback or private (repeatable; comma-separated in STOPGATE_ALLOW_DEST)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", proxy.DefaultMaxConns, "most requests and tunnels the proxy holds open at once; past it: 429 too_many_connections")
 	fs.IntVar(&cfg.MaxConnsPerRun, "max-conns-per-run", proxy.DefaultMaxConnsPerRun, "most requests and tunnels one run holds open at once through the proxy")
+	fs.IntVar(&cfg.MaxWatches, "max-watches", control.DefaultMaxWatches, "most watches of runs (streams and long polls) the control API serves at once; past it: 429 too_many_connections")
+	fs.IntVar(&cfg.MaxWatchesPerRun, "max-watches-per-run", control.DefaultMaxWatchesPerRun, "most watches of one run the control API serves at once")
 	cfg.TunnelHandshakeTimeout = proxy.DefaultHandshakeTimeout
 	fs.Var(durationValue{&cfg.TunnelHandshakeTimeout}, "tunnel-handshake-timeout", "`duration` from a CONNECT's 200 to its TLS handshake (or first byte)")
 	cfg.ClientIdleTimeout = proxy.DefaultIdleTimeout
@@ -369,7 +373,8 @@ func (c *serveConfig) checkLimits(bad badFlag) error {
 	if c.MaxBody <= 0 {
 		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
 	}
-	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
+	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun,
+		"max-watches": c.MaxWatches, "max-watches-per-run": c.MaxWatchesPerRun} {
 		if n <= 0 {
 			return bad(name, "%d: want a positive number", n)
 		}

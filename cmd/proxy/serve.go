@@ -205,6 +205,7 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
 			Transparent: inst.transparent.binder, Watcher: inst.watcher,
+			Watch: control.WatchOptions{Max: cfg.MaxWatches, MaxPerRun: cfg.MaxWatchesPerRun},
 		})
 	}
 	if err != nil {
