@@ -192,9 +192,9 @@ func needNodeModules(t *testing.T) {
 }
 
 func TestPythonClient(t *testing.T) {
-	needDebianPython(t)
+	needDebianPython(t, "mypy")
 	f := startFleet(t)
-	runTool(t, 3*time.Minute, "python", f.clientEnv(), debianPython, "-m", "unittest", "-v", "tests.test_client")
+	runTool(t, 3*time.Minute, "python", f.clientEnv(), debianPython, "-m", "unittest", "-v", "tests.test_client", "tests.test_types")
 }
 
 func TestCelery(t *testing.T) {

@@ -188,7 +188,7 @@ def _close_idle(key: tuple[Optional[str], Optional[str], str], f: _Follow) -> No
     f.watch.close()
 
 
-class GuardedTask(Task):
+class GuardedTask(Task):  # type: ignore[misc]  # Celery ships no types
     """A Celery task guarded at the claim, retried through stopgate, stopped at its checkpoints."""
 
     abstract = True

@@ -81,6 +81,7 @@ class CeleryTest(unittest.TestCase):
         except AssertionError:
             print(self._worker_logs())
             raise
+        assert final is not None
         self.assertEqual((final.status, final.status_reason), (stopgate.CANCELLED, "drained"))
 
         # The queue's own records: the result backend, and what the task bodies wrote.
@@ -180,7 +181,12 @@ class SharedWatchTest(unittest.TestCase):
         eventually("the idle watch is closed", lambda: sgc.active_watches() == before, within=5)
         thread = watch._thread
         assert thread is not None
-        eventually("its stream is closed", lambda: not thread.is_alive(), within=5)
+
+        def closed() -> bool:
+            assert thread is not None
+            return not thread.is_alive()
+
+        eventually("its stream is closed", closed, within=5)
 
 
 if __name__ == "__main__":

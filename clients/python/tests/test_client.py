@@ -168,7 +168,9 @@ class WatchTest(unittest.TestCase):
             self.assertLess(time.monotonic() - start, 10)
             self.assertEqual((heard[0].status, heard[0].reason), (stopgate.CANCELLING, "stop"))
             self.assertEqual(len(heard), 1)
-            self.assertEqual(w.wait_cancelled(0).status, stopgate.CANCELLING)
+            row = w.wait_cancelled(0)
+            assert row is not None
+            self.assertEqual(row.status, stopgate.CANCELLING)
         finally:
             w.close()
 
@@ -195,8 +197,9 @@ class WatchTest(unittest.TestCase):
         start = time.monotonic()
         w.close()
         self.assertLess(time.monotonic() - start, 5)
-        self.assertIsNotNone(w._thread)
-        self.assertFalse(w._thread.is_alive())
+        thread = w._thread
+        assert thread is not None
+        self.assertFalse(thread.is_alive())
 
     def test_poll(self) -> None:
         held = self.op.status(self.rid)
