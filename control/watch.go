@@ -19,8 +19,9 @@ import (
 // The watch (GET /v1/runs/{run}/watch) tells a worker's code of its run's
 // transitions as they commit, so that it stops at its next checkpoint rather
 // than at its next refused effect. It is a Server-Sent Events stream of the
-// run's row: the row as it stands, then the row again at every transition,
-// with a heartbeat comment between. A client without SSE long-polls the same
+// run's row: the row as it stands, then the row again at every transition
+// (as read when the transition is heard: two that commit before that read
+// arrive as one, the later), with a heartbeat comment between. A client without SSE long-polls the same
 // path (?wait=30s&after_version=N&after_status=S).
 //
 // The streams do not watch the store themselves: they hold their runs in the
