@@ -24,15 +24,17 @@ test: test-deps
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /internal/evidence)
 	$(GO) test -race -count=1 -timeout 10m ./internal/evidence
 
-# The performance instrument (docs/bench.md): the built stopgate against direct
-# and plain goproxy, on each store, side by side in one run, each proxy its own
-# process; Markdown tables on stdout. Takes minutes; CI does not run it.
+# The performance instrument (docs/bench.md): the built stopgate against direct,
+# plain goproxy and the peers (stripe/smokescreen, Squid: scripts/bench-deps),
+# on each store, side by side in one run, each proxy its own process; Markdown
+# tables on stdout. Takes minutes; CI does not run it.
 # Flags through BENCH_FLAGS, e.g. BENCH_FLAGS="-skip stored -repeats 5".
 bench: test-deps
+	GO=$(GO) ./scripts/bench-deps
 	$(GO) build -o $(BIN) ./cmd/proxy
 	$(GO) build -o bin/plain-goproxy ./internal/bench/cmd/plain-goproxy
 	$(GO) build -o bin/stopgate-bench ./internal/bench/cmd/stopgate-bench
-	./bin/stopgate-bench -stopgate $(BIN) -baseline bin/plain-goproxy \
+	./bin/stopgate-bench -stopgate $(BIN) -baseline bin/plain-goproxy -smokescreen bin/smokescreen -squid bin/squid \
 		-commit "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- || echo +uncommitted)" \
 		-cache-key "$$( ($(GO) version; find state intents internal/bench/preload.go go.mod go.sum -type f | sort | xargs sha256sum) | sha256sum | cut -c1-16)" \
 		$(BENCH_FLAGS)

@@ -84,7 +84,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 	ledger := intents.NewLedger(store, intents.LedgerOptions{Owner: "browserguard:test", LeaseTTL: 15 * time.Second, StoreTimeout: 5 * time.Second, Logger: log})
 	watcher := runwatch.New(store, runwatch.Options{Interval: 200 * time.Millisecond, StoreTimeout: 5 * time.Second, Logger: log})
 	// The test sites listen on loopback, which the egress refuses by default.
-	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, AutoAdmit: true, Logger: log, AllowDest: []string{"127.0.0.1"}})
+	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, AutoAdmit: true, Logger: log, Rules: proxy.Rules{AllowDest: []string{"127.0.0.1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

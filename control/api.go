@@ -33,6 +33,9 @@ type CancelRequest struct {
 type CancelResponse struct {
 	Run     state.Run `json:"run"`
 	Changed bool      `json:"changed"`
+	// Tombstone: the run was never seen, and this cancel wrote its
+	// CANCELLED tombstone (often a mistyped id, which the CLI says).
+	Tombstone bool `json:"tombstone,omitempty"`
 }
 
 // CompleteRequest is the body of POST /v1/runs/{run}/complete.
@@ -46,6 +49,8 @@ type CompleteRequest struct {
 // RunList is the answer to GET /v1/runs.
 type RunList struct {
 	Runs []state.Run `json:"runs"`
+	// More is how many runs matched beyond the query's limit.
+	More int `json:"more,omitempty"`
 }
 
 // EventList is the answer to GET /v1/runs/{run}/events.

@@ -69,6 +69,7 @@ func (h *Handler) newConsole(operatorToken string) error {
 		"kindWords": kindWords,
 		"counts":    fmtCounts,
 		"seg":       url.PathEscape,
+		"odd":       func(i int) int { return i % 2 },
 	}).Parse(consoleHTML)
 	if err != nil {
 		return fmt.Errorf("control: console templates: %w", err)
@@ -342,10 +343,11 @@ func safeNext(next string) string {
 
 type runsView struct {
 	Filter string // status, "" for all
-	Query  string
-	Total  int
-	Counts []statusCount
-	Rows   []state.Run
+	// Query is the id prefix searched, Since the time (as typed).
+	Query, Since string
+	Total        int
+	Counts       []statusCount
+	Rows         []state.Run
 	// Capped: more runs matched than a page lists.
 	Capped int
 }
@@ -362,16 +364,17 @@ var listedStatuses = []state.Status{state.StatusActive, state.StatusCancelling, 
 
 func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request, v consoleVisitor) {
 	out := v.view(h, "runs", "Runs")
-	rv := &runsView{Query: strings.TrimSpace(r.URL.Query().Get("q"))}
+	qv := r.URL.Query()
+	rv := &runsView{Query: strings.TrimSpace(qv.Get("prefix")), Since: strings.TrimSpace(qv.Get("since"))}
 	out.Runs = rv
-	var status state.Status
-	if s := r.URL.Query().Get("status"); s != "" {
-		var err error
-		if status, err = state.ParseStatus(s); err != nil {
-			out.Error = fmt.Sprintf("%q is not a status: showing every run.", s)
-		}
+	// The API's query: by status, id prefix and time, the latest first.
+	q, err := ParseRunQuery(url.Values{"status": {qv.Get("status")}, "prefix": {rv.Query}, "since": {rv.Since}}, time.Now())
+	if err != nil {
+		out.Error = strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": ") + ": showing every run."
+		q, rv.Query, rv.Since = RunQuery{}, "", ""
 	}
-	rv.Filter = string(status)
+	q.Sort, q.Limit = SortByUpdated, maxListedRuns
+	rv.Filter = string(q.Status)
 	ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 	defer cancel()
 	runs, err := h.store.List(ctx, "")
@@ -382,21 +385,17 @@ func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request, v consoleVisi
 	counts := map[state.Status]int{}
 	for _, run := range runs {
 		counts[run.Status]++
-		if status != "" && run.Status != status || rv.Query != "" && !strings.Contains(run.ID, rv.Query) {
-			continue
-		}
-		rv.Rows = append(rv.Rows, normRun(run))
 	}
 	rv.Total = len(runs)
 	for _, s := range listedStatuses {
 		rv.Counts = append(rv.Counts, statusCount{s, counts[s]})
 	}
 	// The latest activity first: what an operator looks for.
-	slices.SortStableFunc(rv.Rows, func(a, b state.Run) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
-	if len(rv.Rows) > maxListedRuns {
-		rv.Capped = len(rv.Rows) - maxListedRuns
-		rv.Rows = rv.Rows[:maxListedRuns]
+	matched, more := q.Apply(runs)
+	for _, run := range matched {
+		rv.Rows = append(rv.Rows, normRun(run))
 	}
+	rv.Capped = more
 	h.render(w, r, http.StatusOK, out)
 }
 
@@ -412,10 +411,12 @@ func (h *Handler) renderStoreError(w http.ResponseWriter, r *http.Request, out v
 // --- a run ---
 
 type runView struct {
-	Run       state.Run
-	Intents   []state.Intent
-	Unknown   []state.Intent
-	Timeline  []timelineEntry
+	Run      state.Run
+	Intents  []state.Intent
+	Unknown  []state.Intent
+	Timeline []timelineEntry
+	// Chart draws the effects on a time axis (nil: nothing to draw).
+	Chart     *chart
 	InFlight  int
 	Draining  bool
 	Remaining string
@@ -488,6 +489,7 @@ func (h *Handler) showRun(w http.ResponseWriter, r *http.Request, out view, stat
 	for _, e := range events {
 		rv.Timeline = append(rv.Timeline, timelineEntry{Event: e, Effect: byKey[e.Intent]})
 	}
+	rv.Chart = runChart(run, intents, events, time.Now())
 	rv.InFlight = run.Intents[state.IntentInFlight]
 	if run.Status == state.StatusCancelling {
 		rv.Draining = true

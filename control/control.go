@@ -102,6 +102,8 @@ type Options struct {
 	Watcher *runwatch.Watcher
 	// Watch bounds the watches; zero fields take the defaults.
 	Watch WatchOptions
+	// ReloadPolicy serves POST /v1/policy/reload; nil answers 404.
+	ReloadPolicy PolicyReloader
 }
 
 // Handler serves the API. Create it with New.
@@ -114,6 +116,7 @@ type Handler struct {
 	endpointInfo Endpoints
 	transparent  TransparentBinder
 	watches      *watches
+	reload       PolicyReloader
 	creds        credentials
 	drain        time.Duration
 	storeTimeout time.Duration
@@ -145,6 +148,7 @@ func New(opts Options) (*Handler, error) {
 		endpointInfo: opts.Endpoints,
 		transparent:  opts.Transparent,
 		watches:      newWatches(opts.Watcher, opts.Watch),
+		reload:       opts.ReloadPolicy,
 		creds:        creds,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,
@@ -213,6 +217,8 @@ func (h *Handler) routes() {
 		{http.MethodPost, "/v1/transparent/bindings", accessOperate, "bind a uid to a run", h.bind},
 		{http.MethodPost, "/v1/transparent/bindings/{id}/renew", accessOperate, "renew a binding", h.renewBinding},
 		{http.MethodDelete, "/v1/transparent/bindings/{id}", accessOperate, "remove a binding", h.unbind},
+		{http.MethodPost, "/v1/policy/reload", accessOperate, "reload the policy", h.reloadPolicy},
+		{http.MethodPost, AcknowledgeResetPath, accessOperate, "acknowledge a store reset", h.acknowledgeReset},
 	}
 	allowed := map[string][]string{}
 	for _, rt := range routes {

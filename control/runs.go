@@ -41,18 +41,16 @@ func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
 }
 
 func (h *Handler) list(r *http.Request, _ string) (int, any, error) {
-	var status state.Status
-	if s := r.URL.Query().Get("status"); s != "" {
-		var err error
-		if status, err = state.ParseStatus(s); err != nil {
-			return 0, nil, err
-		}
+	q, err := ParseRunQuery(r.URL.Query(), time.Now())
+	if err != nil {
+		return 0, nil, err
 	}
-	runs, err := h.store.List(r.Context(), status)
+	runs, err := h.store.List(r.Context(), q.Status)
 	if err != nil {
 		return 0, nil, fmt.Errorf("list runs: %w", err)
 	}
-	out := RunList{Runs: make([]state.Run, 0, len(runs))}
+	runs, more := q.Apply(runs)
+	out := RunList{Runs: make([]state.Run, 0, len(runs)), More: more}
 	for _, run := range runs {
 		out.Runs = append(out.Runs, normRun(run))
 	}
@@ -91,7 +89,14 @@ func (h *Handler) cancel(r *http.Request, actor string) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusAccepted, CancelResponse{Run: normRun(res.Run), Changed: res.Changed}, nil
+	return http.StatusAccepted, CancelResponse{Run: normRun(res.Run), Changed: res.Changed, Tombstone: madeTombstone(res)}, nil
+}
+
+// madeTombstone reports whether a cancel wrote the tombstone of a run never
+// seen: the cancel of a known run only ever moves it to CANCELLING, so a
+// cancel that changed a row straight to CANCELLED created it.
+func madeTombstone(res state.CancelResult) bool {
+	return res.Changed && res.Run.Status == state.StatusCancelled
 }
 
 // cancelRun is the cancel of the API and of the console's Stop button:

@@ -13,10 +13,51 @@ import (
 // connect, on top of the rules nobody can change (stopgate's own listeners,
 // its store and link-local addresses are never reachable). Deny wins over
 // allow; an allowed entry opens a loopback or private destination, which is
-// refused otherwise.
+// refused otherwise; Default decides what no rule names.
 type Destinations struct {
-	Allow []string `yaml:"allow"`
-	Deny  []string `yaml:"deny"`
+	// Default is what becomes of a destination no allow rule covers:
+	// DefaultAllow (the default when empty), DefaultDeny (an allow-list)
+	// or DefaultReport (an allow-list in dry run).
+	Default DestinationDefault `yaml:"default"`
+	Allow   []string           `yaml:"allow"`
+	Deny    []string           `yaml:"deny"`
+	// Report rules are deny rules in dry run: what they cover is
+	// forwarded as if they were not there, and logged and counted as
+	// would_deny, so that a deny can be rolled out after watching what it
+	// would have refused.
+	Report []string `yaml:"report"`
+}
+
+// DestinationDefault is what becomes of a destination no allow rule covers.
+type DestinationDefault string
+
+const (
+	// DefaultAllow: public addresses are reachable; loopback, private and
+	// special-purpose ones are refused (smokescreen's "open", with its
+	// private-range rule).
+	DefaultAllow DestinationDefault = "allow"
+	// DefaultDeny: only what an allow rule covers is reachable
+	// (smokescreen's "enforce").
+	DefaultDeny DestinationDefault = "deny"
+	// DefaultReport: what DefaultDeny would refuse is forwarded, and
+	// logged and counted as would_deny (smokescreen's "report"). It never
+	// opens what DefaultAllow refuses.
+	DefaultReport DestinationDefault = "report"
+)
+
+// Check says what is wrong with d's lists and default, naming the field.
+func (d Destinations) Check() error {
+	switch d.Default {
+	case "", DefaultAllow, DefaultDeny, DefaultReport:
+	default:
+		return fmt.Errorf("destinations.default: %q: want allow, deny or report", d.Default)
+	}
+	for field, list := range map[string][]string{"destinations.allow": d.Allow, "destinations.deny": d.Deny, "destinations.report": d.Report} {
+		if _, err := ParseDestinationRules(list); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+	}
+	return nil
 }
 
 // DestinationRule is one entry of an allow or deny list: a host pattern

@@ -28,7 +28,8 @@ type Policy struct {
 	// Delivery hosts may still be reached while the run is CANCELLING.
 	Delivery []string `yaml:"delivery"`
 	// Destinations allow (loopback and private addresses are refused
-	// unless allowed) and deny where the proxy connects.
+	// unless allowed), deny and report where the proxy connects, and say
+	// what becomes of a destination no rule covers.
 	Destinations Destinations `yaml:"destinations"`
 	// Webhooks name the sources that may resolve UNKNOWN intents by a signed POST.
 	Webhooks map[string]Webhook `yaml:"webhooks"`
@@ -152,10 +153,8 @@ func (p *Policy) validate() error {
 			return fmt.Errorf("effects.%s: %q: want none, writes or all", host, e)
 		}
 	}
-	for field, list := range map[string][]string{"destinations.allow": p.Destinations.Allow, "destinations.deny": p.Destinations.Deny} {
-		if _, err := ParseDestinationRules(list); err != nil {
-			return fmt.Errorf("%s: %w", field, err)
-		}
+	if err := p.Destinations.Check(); err != nil {
+		return err
 	}
 	for name, w := range p.Webhooks {
 		if name == "" {

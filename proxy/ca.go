@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -227,4 +228,54 @@ func (c *CertCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*t
 	}
 	c.certs[host] = cert
 	return cert, nil
+}
+
+// leafLifetime is how long a minted leaf is good for; the cache mints a
+// new one when it expires.
+const leafLifetime = 30 * 24 * time.Hour
+
+// Leaf mints a certificate for host (a name or an IP address, without a
+// port) signed by the CA: what an intercepted connection to host is
+// answered with. Its subject names stopgate, so that whoever inspects the
+// certificate a worker got (openssl s_client, a browser) sees who is in
+// the middle.
+func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("mint a certificate for %s: %w", host, err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("mint a certificate for %s: %w", host, err)
+	}
+	now := time.Now()
+	notAfter := now.Add(leafLifetime)
+	if ca.Cert.Leaf.NotAfter.Before(notAfter) {
+		notAfter = ca.Cert.Leaf.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject: pkix.Name{
+			CommonName: host, Organization: []string{"stopgate"},
+			OrganizationalUnit: []string{"stopgate egress proxy: intercepted, guarded and recorded"},
+		},
+		NotBefore:   now.Add(-time.Hour),
+		NotAfter:    notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{host}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert.Leaf, &key.PublicKey, ca.Cert.PrivateKey)
+	if err != nil {
+		return nil, fmt.Errorf("mint a certificate for %s: %w", host, err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("mint a certificate for %s: %w", host, err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Leaf.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }

@@ -132,3 +132,32 @@ func TestLoadCARefusesALeafCertificate(t *testing.T) {
 		t.Fatalf("got %v, want a refusal of a certificate that may not sign", err)
 	}
 }
+
+// TestMintedLeafNamesStopgate: the certificate an intercepted connection
+// is answered with verifies against the CA for the host (a name or an IP
+// address) and names stopgate as its organization, not the proxy library
+// it is built on.
+func TestMintedLeafNamesStopgate(t *testing.T) {
+	ca, err := proxy.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	for _, host := range []string{"api.example.com", "127.0.0.1", "::1"} {
+		cert, err := ca.Leaf(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf := cert.Leaf
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: roots}); err != nil {
+			t.Errorf("%s: the leaf does not verify: %v", host, err)
+		}
+		if got := leaf.Subject.String(); !strings.Contains(got, "O=stopgate") || strings.Contains(got, "GoProxy") || leaf.Subject.CommonName != host {
+			t.Errorf("%s: subject %q", host, got)
+		}
+		if leaf.NotAfter.After(time.Now().Add(31 * 24 * time.Hour)) {
+			t.Errorf("%s: good until %s", host, leaf.NotAfter)
+		}
+	}
+}

@@ -582,3 +582,68 @@ func TestCurlSeesThePlainHTTPStreamCut(t *testing.T) {
 		return false
 	})
 }
+
+// TestStreamedAnswerOfAnEffectDrains: a POST whose answer streams (SSE or
+// NDJSON) to a destination not declared effects: none is an effect like
+// any other: its answer goes on reaching the agent after the cancel, until
+// the drain deadline, where it is cut (the client sees an error, the audit
+// log has the cut); the format of the answer decides nothing.
+func TestStreamedAnswerOfAnEffectDrains(t *testing.T) {
+	for _, contentType := range []string{"text/event-stream", "application/x-ndjson"} {
+		t.Run(contentType, func(t *testing.T) {
+			up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", contentType)
+				rc := http.NewResponseController(w)
+				for i := 0; ; i++ {
+					if _, err := fmt.Fprintf(w, "{\"progress\":%d}\n\n", i); err != nil || rc.Flush() != nil {
+						return
+					}
+					select {
+					case <-r.Context().Done():
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+			})
+			e := newEnv(t, envOptions{})
+			e.admit("job")
+			c := e.client("job", 1)
+			c.Timeout = 0
+			resp, err := c.Post(up.URL+"/deploy", "application/json", strings.NewReader(`{"stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			lines := bufio.NewReader(resp.Body)
+			if _, err := lines.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			const drain = 1500 * time.Millisecond
+			e.cancel("job", drain)
+			// Well inside the drain, the answer still comes.
+			for deadline := time.Now().Add(drain / 2); time.Now().Before(deadline); {
+				if _, err := lines.ReadString('\n'); err != nil {
+					t.Fatalf("the streamed answer of an effect was cut inside its drain: %v", err)
+				}
+			}
+			d := endsWithin(t, lines, 5*time.Second, func() {})
+			t.Logf("cut %v after the middle of the drain", d)
+			key := resp.Header.Get(refusal.IntentHeader)
+			if in := e.intent("job", key); in.State != state.IntentResponded {
+				t.Fatalf("the provider answered: want RESPONDED, got %s", in.State)
+			}
+			testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
+				evs, err := e.store.Events(context.Background(), "job")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range evs {
+					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, "drain_timeout") {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	}
+}

@@ -28,10 +28,13 @@ type Protected struct {
 //  1. never: link-local and cloud metadata addresses, stopgate's own
 //     listeners and its store, whatever is allowed;
 //  2. deny: the operator's deny rules (by name, or by address);
-//  3. allow: the operator's allow rules (by name: whatever the name
+//  3. report: deny rules in dry run — what they cover goes on down this
+//     list as if they were not there, noted as would_deny;
+//  4. allow: the operator's allow rules (by name: whatever the name
 //     resolves to; by address);
-//  4. by default: loopback, private and other special-purpose addresses
-//     are refused, every other address is allowed.
+//  5. loopback, private and other special-purpose addresses are refused;
+//  6. the default: every other address is allowed (default allow),
+//     refused (deny), or allowed and noted as would_deny (report).
 //
 // A name is resolved once; every address it resolves to must pass, and the
 // addresses that passed are the only ones dialled (see target).
@@ -46,8 +49,11 @@ type destinations struct {
 	local          map[netip.Addr]bool
 	allowHosts     HostSet
 	denyHosts      HostSet
+	reportHosts    HostSet
 	allowNets      []policy.DestinationRule
 	denyNets       []policy.DestinationRule
+	reportNets     []policy.DestinationRule
+	byDefault      policy.DestinationDefault
 	resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
@@ -61,6 +67,13 @@ type target struct {
 	// names), so that checking a request's destination in its exchange
 	// allocates nothing; a copy of the target reads the original's.
 	one [1]netip.AddrPort
+	// wouldDeny names the report rule (or the report default) that would
+	// have refused the destination: it is forwarded, and the edge logs
+	// and counts it as would_deny.
+	wouldDeny string
+	// by is the check that decided, whose rules a second check of the
+	// same request applies.
+	by *destinations
 }
 
 // errUnresolved is a destination whose name did not resolve: not a
@@ -69,9 +82,10 @@ var errUnresolved = errors.New("cannot resolve the destination")
 
 // destinationRules is what destinations are built from.
 type destinationRules struct {
-	allow, deny []string
-	protected   []Protected
-	resolve     func(context.Context, string) ([]netip.Addr, error)
+	allow, deny, report []string
+	byDefault           policy.DestinationDefault
+	protected           []Protected
+	resolve             func(context.Context, string) ([]netip.Addr, error)
 	// local are this machine's addresses, where a listener on an
 	// unspecified address is reached (see localAddrs).
 	local []netip.Addr
@@ -102,7 +116,10 @@ func newDestinations(ctx context.Context, rules destinationRules) (*destinations
 			"::/96", "100::/64", "fc00::/7", "ff00::/8",
 		),
 		protected: map[netip.AddrPort]string{}, protectedPorts: map[uint16]string{}, protectedNames: map[string]string{},
-		local: map[netip.Addr]bool{}, resolve: resolve,
+		local: map[netip.Addr]bool{}, resolve: resolve, byDefault: rules.byDefault,
+	}
+	if err := (policy.Destinations{Default: rules.byDefault}).Check(); err != nil {
+		return nil, err
 	}
 	if d.resolve == nil {
 		d.resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
@@ -122,6 +139,9 @@ func newDestinations(ctx context.Context, rules destinationRules) (*destinations
 	}
 	if d.denyHosts, d.denyNets, err = d.rules(deny); err != nil {
 		return nil, fmt.Errorf("denied destinations: %w", err)
+	}
+	if d.reportHosts, d.reportNets, err = d.rules(rules.report); err != nil {
+		return nil, fmt.Errorf("reported destinations: %w", err)
 	}
 	for _, a := range rules.local {
 		d.local[a] = true
@@ -191,7 +211,7 @@ func (d *destinations) protect(ctx context.Context, p Protected) error {
 // not one); an error wrapping errUnresolved is a name that did not
 // resolve, which is for the dial to report.
 func (d *destinations) check(ctx context.Context, hostport string, t *target) error {
-	*t = target{}
+	*t = target{by: d}
 	host, portStr, err := net.SplitHostPort(hostport)
 	port, perr := strconv.ParseUint(portStr, 10, 16)
 	if err != nil || perr != nil || port == 0 || host == "" {
@@ -210,6 +230,9 @@ func (d *destinations) check(ctx context.Context, hostport string, t *target) er
 		if d.denyHosts.Match(name) {
 			return denied(hostport, "denied by the policy's destinations.deny")
 		}
+		if d.reportHosts.Match(name) {
+			t.wouldDeny = "destinations.report"
+		}
 		byName = d.allowHosts.Match(name)
 		addrs, err = d.resolve(ctx, host)
 		if err == nil && len(addrs) == 0 {
@@ -222,26 +245,78 @@ func (d *destinations) check(ctx context.Context, hostport string, t *target) er
 	t.addrs = t.one[:0]
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a.Unmap().WithZone(""), uint16(port))
-		if why := d.decide(ap, byName); why != "" {
+		why, would := d.decide(ap, byName)
+		if why != "" {
 			if ap.Addr().String() != host {
 				why = fmt.Sprintf("%s resolves to %s, %s", host, ap.Addr(), why)
 			}
+			*t = target{hostport: hostport, by: d}
 			return denied(hostport, why)
+		}
+		if t.wouldDeny == "" {
+			t.wouldDeny = would
 		}
 		t.addrs = append(t.addrs, ap)
 	}
 	return nil
 }
 
-// decide is the rule for one address: "" if it may be dialled, else why not.
+// decide is the rule for one address: "" if it may be dialled, else why
+// not; would names the report rule that would have refused it ("" if none).
 // byName says an allow rule matched the name the address was resolved from.
-func (d *destinations) decide(ap netip.AddrPort, byName bool) string {
+func (d *destinations) decide(ap netip.AddrPort, byName bool) (why, would string) {
 	a, port := ap.Addr().Unmap().WithZone(""), ap.Port()
 	if inner, ok := embeddedIPv4(a); ok {
-		if why := d.decide(netip.AddrPortFrom(inner, port), byName); why != "" {
-			return fmt.Sprintf("%s embeds %s: %s", a, inner, why)
+		why, would := d.decide(netip.AddrPortFrom(inner, port), byName)
+		if why != "" {
+			return fmt.Sprintf("%s embeds %s: %s", a, inner, why), ""
+		}
+		if would != "" {
+			return "", would
 		}
 	}
+	why = d.hard(a, port)
+	if why != "" {
+		return why, ""
+	}
+	for _, r := range d.denyNets {
+		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
+			return "denied by the policy's destinations.deny (" + r.String() + ")", ""
+		}
+	}
+	for _, r := range d.reportNets {
+		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
+			would = "destinations.report (" + r.String() + ")"
+			break
+		}
+	}
+	if byName {
+		return "", would
+	}
+	for _, r := range d.allowNets {
+		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
+			return "", would
+		}
+	}
+	if d.byDefault == policy.DefaultDeny {
+		return "no rule of destinations.allow covers it, and destinations.default is deny", ""
+	}
+	for _, s := range d.special {
+		if s.Contains(a) {
+			return "a loopback, private or special-purpose address (" + s.String() + "), refused unless allowed (--allow-dest, or destinations.allow in the policy)", ""
+		}
+	}
+	if d.byDefault == policy.DefaultReport {
+		if would == "" {
+			would = "destinations.default (report)"
+		}
+	}
+	return "", would
+}
+
+// hard is the part of the rule nobody can change: "" if a may be dialled
+// on port as far as it goes, else why not.
+func (d *destinations) hard(a netip.Addr, port uint16) string {
 	for _, ll := range d.linkLocal {
 		if ll.Contains(a) {
 			return "a link-local or cloud metadata address, never reachable through the proxy"
@@ -259,24 +334,6 @@ func (d *destinations) decide(ap netip.AddrPort, byName bool) string {
 			if p.Port() == port && p.Addr().IsLoopback() {
 				return what + ", never reachable through the proxy"
 			}
-		}
-	}
-	for _, r := range d.denyNets {
-		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
-			return "denied by the policy's destinations.deny (" + r.String() + ")"
-		}
-	}
-	if byName {
-		return ""
-	}
-	for _, r := range d.allowNets {
-		if r.Prefix.Contains(a) && (r.Port == 0 || r.Port == port) {
-			return ""
-		}
-	}
-	for _, s := range d.special {
-		if s.Contains(a) {
-			return "a loopback, private or special-purpose address (" + s.String() + "), refused unless allowed (--allow-dest, or destinations.allow in the policy)"
 		}
 	}
 	return ""

@@ -258,3 +258,67 @@ func TestCheckKeepsEveryAddressToDial(t *testing.T) {
 		t.Fatalf("an unresolved name: %+v %v, want no address to dial and errUnresolved", dest, err)
 	}
 }
+
+// TestAllowListDefaultsAndReportRules: with destinations.default deny only
+// what an allow rule covers is reachable; with report, what deny would
+// refuse goes on, named as would_deny; a report rule is a deny in dry run,
+// and neither ever opens what the default refuses (private ranges) or
+// what nobody may reach.
+func TestAllowListDefaultsAndReportRules(t *testing.T) {
+	names := fixedResolver(map[string][]string{
+		"api.openai.com":        {"162.159.140.245"},
+		"uploads.example.com":   {"93.184.216.34"},
+		"elsewhere.example.com": {"203.0.113.9"},
+		"internal.corp":         {"10.9.9.9"},
+	})
+	for _, tc := range []struct {
+		name      string
+		byDefault policy.DestinationDefault
+		dest      string
+		// want is "" for allowed, else a word of the refusal's message;
+		// would is the report rule named, "" for none.
+		want, would string
+	}{
+		{"open: unlisted public", policy.DefaultAllow, "elsewhere.example.com:443", "", ""},
+		{"open: unlisted private", policy.DefaultAllow, "10.1.1.1:443", "loopback, private", ""},
+		{"open: report rule", policy.DefaultAllow, "uploads.example.com:443", "", "destinations.report"},
+		{"open: report by address", policy.DefaultAllow, "93.184.216.40:443", "", "destinations.report (93.184.216.0/24)"},
+		{"enforce: listed", policy.DefaultDeny, "api.openai.com:443", "", ""},
+		{"enforce: listed private", policy.DefaultDeny, "internal.corp:443", "", ""},
+		{"enforce: unlisted", policy.DefaultDeny, "elsewhere.example.com:443", "destinations.default is deny", ""},
+		{"enforce: unlisted address", policy.DefaultDeny, "1.1.1.1:443", "destinations.default is deny", ""},
+		{"enforce: listed but reported", policy.DefaultDeny, "uploads.example.com:443", "destinations.default is deny", ""},
+		{"enforce: deny beats allow", policy.DefaultDeny, "api.openai.com:80", "destinations.deny", ""},
+		{"report: listed", policy.DefaultReport, "api.openai.com:443", "", ""},
+		{"report: unlisted", policy.DefaultReport, "elsewhere.example.com:443", "", "destinations.default (report)"},
+		{"report: unlisted private stays refused", policy.DefaultReport, "10.1.1.1:443", "loopback, private", ""},
+		{"report: never reachable stays refused", policy.DefaultReport, "169.254.169.254:80", "link-local", ""},
+		{"report: deny stays enforced", policy.DefaultReport, "api.openai.com:80", "destinations.deny", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := newDestinations(context.Background(), destinationRules{
+				allow:     []string{"api.openai.com", "internal.corp"},
+				deny:      []string{"162.159.140.245:80"},
+				report:    []string{"uploads.example.com", "93.184.216.0/24"},
+				byDefault: tc.byDefault,
+				resolve:   names,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got target
+			err = d.check(context.Background(), tc.dest, &got)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %+v %v, want a refusal saying %q", got, err, tc.want)
+			case tc.want == "" && got.wouldDeny != tc.would:
+				t.Fatalf("would_deny %q, want %q", got.wouldDeny, tc.would)
+			}
+		})
+	}
+	if _, err := newDestinations(context.Background(), destinationRules{byDefault: "block"}); err == nil || !strings.Contains(err.Error(), "want allow, deny or report") {
+		t.Fatalf("a default that is no mode: %v", err)
+	}
+}

@@ -34,10 +34,11 @@ type flow struct {
 	// destination: it decides what a cancel cuts at once, and what a cut
 	// request is recorded as.
 	effects effects
-	// streaming is set when the upstream answered with a stream (SSE or
-	// an upgraded connection), which a cancel cuts at once whatever the
-	// method; an ordinary answer to an unsafe request may finish reaching
-	// the client until the drain deadline, since its effect has happened.
+	// streaming is set when the upstream upgraded the connection (a
+	// WebSocket), which a cancel cuts at once whatever the method: what
+	// goes through it next are new requests. Any other answer to an unsafe
+	// request, streamed or not, may finish reaching the client until the
+	// drain deadline, since its effect has happened.
 	streaming atomic.Bool
 	// answered is set once the upstream's answer came back (RESPONDED).
 	answered atomic.Bool
@@ -259,7 +260,7 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 	case f.tunnel:
 		return "run_cancelled: pass-through tunnel"
 	case f.streaming.Load():
-		return "run_cancelled: response stream"
+		return "run_cancelled: upgraded connection"
 	case noEffect && f.effects == effectsNone:
 		return "run_cancelled: destination without effects"
 	case noEffect:

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/runwatch"
@@ -64,9 +65,13 @@ type envOptions struct {
 	asShipped bool
 	allowDest []string
 	denyDest  []string
-	protected []proxy.Protected
-	resolve   func(ctx context.Context, host string) ([]netip.Addr, error)
-	runs      proxy.RunReader
+	// reportDest and defaultDest: the policy's destinations.report and
+	// destinations.default.
+	reportDest  []string
+	defaultDest policy.DestinationDefault
+	protected   []proxy.Protected
+	resolve     func(ctx context.Context, host string) ([]netip.Addr, error)
+	runs        proxy.RunReader
 	// maxConns, maxPerRun, handshake and idle: the caps and timeouts (0: defaults).
 	maxConns, maxPerRun int
 	handshake, idle     time.Duration
@@ -126,8 +131,12 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	}
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads, MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
-		Logger: log, AllowDest: allow, DenyDest: opts.denyDest, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
+		Rules: proxy.Rules{
+			PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
+			AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
+		},
+		MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
+		Logger: log, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
 		MaxConns: opts.maxConns, MaxConnsPerRun: opts.maxPerRun, HandshakeTimeout: opts.handshake, IdleTimeout: opts.idle,
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -52,17 +53,9 @@ type Config struct {
 	// with RequireToken a client can name its run no other way.
 	Tokens       *runtoken.Signer
 	RequireToken bool
-	// PassThrough hosts are tunnelled unseen: one intent per tunnel.
-	PassThrough HostSet
-	// Delivery hosts may still be reached by a CANCELLING run.
-	Delivery HostSet
-	// NoEffects are destinations whose requests have no external effect
-	// (an LLM inference API): at the cancel, their requests in flight are
-	// cut at once, streams included, and recorded NOT_APPLIED (policy).
-	NoEffects HostSet
-	// ReadEffects are destinations whose reads have effects too: a safe
-	// method there drains like a write, and a cut one is UNKNOWN.
-	ReadEffects HostSet
+	// Rules are the policy's part the proxy applies at start; SetRules
+	// replaces them.
+	Rules Rules
 	// MaxBody caps a request body; past it the answer is 413 and nothing is sent.
 	MaxBody int64
 	// SpoolDir holds request bodies too large for memory ("" = os.TempDir).
@@ -78,11 +71,6 @@ type Config struct {
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	Logger      *slog.Logger
 
-	// AllowDest and DenyDest are the operator's destination rules
-	// (policy.ParseDestinationRule): --allow-dest and the policy's
-	// destinations. Loopback and private addresses are refused unless
-	// allowed; deny wins over allow.
-	AllowDest, DenyDest []string
 	// Protected are stopgate's own listeners and its store's addresses:
 	// never a destination, whatever is allowed.
 	Protected []Protected
@@ -121,10 +109,11 @@ type Proxy struct {
 	flows     *flowSet
 	static    *identity
 	tokens    tokenCheck
-	dests     *destinations
-	outbound  outboundSet
-	limits    *limits
-	seen      *seenRows
+	// rules are the policy's rules applied now (SetRules replaces them).
+	rules    atomic.Pointer[rules]
+	outbound outboundSet
+	limits   *limits
+	seen     *seenRows
 	// upstream is roundTrip as goproxy takes it, made once: a method
 	// value made per request is an allocation per request.
 	upstream goproxy.RoundTripper
@@ -132,6 +121,8 @@ type Proxy struct {
 	// reads their requests.
 	tunnels   *connQueue
 	tunnelSrv *http.Server
+	// certs are the leaves minted for intercepted hosts.
+	certs *CertCache
 }
 
 // UpstreamTransport is the transport the proxy sends requests upstream
@@ -195,23 +186,19 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
-	defer cancel()
-	dests, err := newDestinations(ctx, destinationRules{
-		allow: cfg.AllowDest, deny: cfg.DenyDest, protected: cfg.Protected, resolve: cfg.Resolve, local: localAddrs(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("proxy: %w", err)
-	}
 	p := &Proxy{
 		cfg: cfg, log: cfg.Logger, tel: cfg.Telemetry,
 		flows:  newFlowSet(cfg.Telemetry.Metrics()),
 		tokens: tokenCheck{signer: cfg.Tokens, require: cfg.RequireToken},
-		dests:  dests,
 		limits: &limits{max: cfg.MaxConns, perRun: cfg.MaxConnsPerRun, open: cfg.Telemetry.Metrics().Open.WithLabelValues("exchanges")},
 		seen:   newSeenRows(4096),
 	}
 	p.flows.seen = p.seen
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+	defer cancel()
+	if err := p.SetRules(ctx, cfg.Rules); err != nil {
+		return nil, err
+	}
 	p.upstream = goproxy.RoundTripperFunc(p.roundTrip)
 	if cfg.StaticRun != "" {
 		if err := state.ValidateRunID(cfg.StaticRun); err != nil {
@@ -232,7 +219,7 @@ func New(cfg Config) (*Proxy, error) {
 		).WriteHTTP(w)
 	})
 	if cfg.CA != nil {
-		gp.CertStore = &CertCache{}
+		p.certs = &CertCache{}
 	}
 	p.tunnels = newConnQueue()
 	p.tunnelSrv = newRequestServer(p.serveIntercepted, cfg.IdleTimeout, p.log.With("mode", "tunnel"), func(ctx context.Context, c net.Conn) context.Context {
@@ -313,17 +300,6 @@ func (p *Proxy) ForRun(run string) (http.Handler, error) {
 }
 
 type boundRunKey struct{}
-
-// effectsOf is the policy of a destination (host or host:port).
-func (p *Proxy) effectsOf(host string) effects {
-	switch {
-	case p.cfg.NoEffects.Match(host):
-		return effectsNone
-	case p.cfg.ReadEffects.Match(host):
-		return effectsAll
-	}
-	return effectsWrites
-}
 
 // boundRun is the identity a request gets when it names none: the run its
 // listener is bound to, else the sidecar's static run.

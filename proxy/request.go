@@ -28,6 +28,9 @@ import (
 type exchange struct {
 	id    identity
 	hasID bool
+	// rules are the policy's rules the exchange started under, which it
+	// keeps to its end whatever a reload does meanwhile.
+	rules *rules
 	start time.Time
 	flow  *flow
 	body  *spooledBody
@@ -55,6 +58,29 @@ type exchange struct {
 	trace httptrace.ClientTrace
 	// queued is the outcome's decision line while its record is queued.
 	queued queuedLine
+	// status is the status the client got (the upstream's answer, a
+	// refusal's, a tunnel's 200), upstream how long the upstream took to
+	// answer, for the access line.
+	status   int
+	upstream time.Duration
+}
+
+// accessed writes the exchange's access line, at its end: how it ended
+// (result, reason), what the ledger holds of it, and what went each way.
+func (p *Proxy) accessed(ctx context.Context, ex *exchange, result telemetry.Result, reason string, recorded state.IntentState, responseBytes int64) {
+	if !p.tel.AccessLogging() {
+		return
+	}
+	var d telemetry.Decision
+	if f := ex.flow; f != nil {
+		d = ex.decision(f.boundary, f.method, f.host)
+		d.Intent, d.Bytes = f.intent.Key, f.bytes
+	} else {
+		d = ex.decision(state.BoundaryHTTP, "", "")
+	}
+	d.Result, d.Reason, d.Recorded, d.StatusCode = result, reason, recorded, ex.status
+	d.ResponseBytes, d.Upstream, d.Store = responseBytes, ex.upstream, 0
+	p.tel.Accessed(ctx, d)
 }
 
 // queuedLine is the decision line of an outcome queued by finishLater,
@@ -103,6 +129,10 @@ func (p *Proxy) refuse(req *http.Request, ex *exchange, boundary state.Boundary,
 		d.Detail = ex.detail
 	}
 	p.tel.Decided(req.Context(), d)
+	if p.tel.AccessLogging() {
+		d.StatusCode, d.Store = r.Status(), 0
+		p.tel.Accessed(req.Context(), d)
+	}
 	return r.Response(req)
 }
 
@@ -120,7 +150,7 @@ func hostOf(req *http.Request) string {
 // destination, before any guard), whether the guard can answer before the
 // body is read, the body, then the guard.
 func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	ex := &exchange{start: time.Now()}
+	ex := &exchange{start: time.Now(), rules: p.current()}
 	fallback := p.boundRun(req)
 	s := slotOf(req.Context())
 	if tunnel := tunnelOf(req.Context()); tunnel != nil && tunnel.hasID {
@@ -143,7 +173,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 	if r != nil {
 		return req, p.refuse(req, ex, state.BoundaryHTTP, r)
 	}
-	allow := p.cfg.Delivery.Match(req.URL.Host)
+	allow := ex.rules.Delivery.Match(req.URL.Host)
 	boundary := state.BoundaryHTTP
 	if allow {
 		boundary = state.BoundaryDelivery
@@ -167,7 +197,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		}
 	}
 	greq.Target = recordedTarget(req.URL, rawURL)
-	if r := p.destination(req, ex, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
+	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
 		return req, p.refuse(req, ex, boundary, p.denied(req, ex, r, withoutBody(greq, rawURL)))
 	}
 	if p.guardFirst(req, id, allow) {
@@ -252,9 +282,15 @@ func withoutBody(greq state.GuardRequest, rawURL string) state.GuardRequest {
 // destination checks where the request (or tunnel) goes, before any
 // guard, into the exchange's dest, which its dial reads. A name that does
 // not resolve is not refused here: the dial resolves it again and the
-// round trip records what it got (NOT_SENT).
-func (p *Proxy) destination(req *http.Request, ex *exchange, hostport string) *refusal.Refusal {
-	err := p.dests.check(req.Context(), hostport, &ex.dest)
+// round trip records what it got (NOT_SENT). A destination only a report
+// rule would refuse goes on, with its would_deny line.
+func (p *Proxy) destination(req *http.Request, ex *exchange, boundary state.Boundary, hostport string) *refusal.Refusal {
+	err := ex.rules.dests.check(req.Context(), hostport, &ex.dest)
+	if ex.dest.wouldDeny != "" && (err == nil || errors.Is(err, errUnresolved)) {
+		d := ex.decision(boundary, req.Method, hostOf(req))
+		d.Result, d.Reason, d.Rule = telemetry.WouldDeny, string(refusal.DestinationDenied), ex.dest.wouldDeny
+		p.tel.Decided(req.Context(), d)
+	}
 	if err == nil || errors.Is(err, errUnresolved) {
 		return nil
 	}
@@ -326,7 +362,7 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	ex.admitted = flow{
 		id: ex.id, intent: res.Intent, boundary: greq.Boundary, method: greq.Method, host: host,
 		allowCancelling: greq.AllowCancelling, tunnel: greq.Boundary == state.BoundaryTunnel,
-		effects: p.effectsOf(host),
+		effects: ex.rules.effectsOf(host),
 	}
 	ex.flow = &ex.admitted
 	if ex.body != nil {
@@ -375,7 +411,9 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 	// others: the first field's hook comes before any later byte, and
 	// before WroteHeaders, which would only cost a closure more.
 	ex.trace.WroteHeaderField = func(string, []string) { ex.wrote.Store(true) }
+	sent := time.Now()
 	resp, err := p.transport.RoundTrip(req.WithContext(httptrace.WithClientTrace(ex.ctx, &ex.trace)))
+	ex.upstream = time.Since(sent)
 	if err != nil {
 		defer p.flows.remove(f)
 		defer closeBody(ex.body)
@@ -395,10 +433,22 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		p.finishWith(req.Context(), ex, outcome, 0, reason, source)
 		r := refusal.Wrap(err, code, "%s; recorded %s", reason, outcome)
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, outcome
+		result := telemetry.Finished
+		if cutOf(ex.ctx) != nil {
+			result = telemetry.Cut
+		}
+		ex.status = r.Status()
+		p.accessed(req.Context(), ex, result, reason, outcome, 0)
 		return r.Response(req), nil
 	}
+	ex.status = resp.StatusCode
 	closeBody(ex.body)
-	if resp.StatusCode == http.StatusSwitchingProtocols || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	// An upgraded connection carries new requests both ways: it is cut at
+	// the cancel whatever its method. An answer that streams (SSE, NDJSON)
+	// is the answer of its request like any other: whether it is cut at
+	// once or drains is the request's (its method, its destination's
+	// effects), never the answer's format.
+	if resp.StatusCode == http.StatusSwitchingProtocols {
 		f.streaming.Store(true)
 	}
 	f.answered.Store(true)
@@ -455,6 +505,10 @@ func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.Inte
 		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
 	})
 	p.recorded(ctx, d, started, err)
+	if ex.flow.tunnel {
+		// A pass-through tunnel's outcome is its end.
+		p.accessed(ctx, ex, d.Result, reason, outcome, 0)
+	}
 }
 
 // finishLater is finish without waiting for the record: the outcome is
@@ -527,12 +581,15 @@ type flowBody struct {
 	stopCloser func() bool
 	seen       atomic.Bool
 	once       atomic.Bool
+	// n counts the bytes passed on to the client, for the access line.
+	n atomic.Int64
 }
 
 // Read passes the body on; once the flow is cut, whatever the upstream's
 // body says (a clean EOF included), the read fails with the cut.
 func (b *flowBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
 	if err == nil {
 		return n, nil
 	}
@@ -560,7 +617,12 @@ func (b *flowBody) Close() error {
 		}
 		f := b.ex.flow
 		b.p.flows.remove(f)
+		result, reason := telemetry.Finished, ""
+		if ce := cutOf(b.ex.ctx); ce != nil {
+			result, reason = telemetry.Cut, ce.reason
+		}
 		f.cut(nil)
+		b.p.accessed(b.reqCtx, b.ex, result, reason, state.IntentResponded, b.n.Load())
 	}
 	return err
 }

@@ -107,12 +107,13 @@ func expectsContinue(h http.Header) bool {
 // decision line.
 func (p *Proxy) refuseEarly(w http.ResponseWriter, req *http.Request, r *refusal.Refusal) {
 	boundary := state.BoundaryHTTP
-	if req.Method == http.MethodConnect && p.cfg.PassThrough.Match(req.Host) {
+	if req.Method == http.MethodConnect && p.current().PassThrough.Match(req.Host) {
 		boundary = state.BoundaryTunnel
 	}
-	p.tel.Decided(req.Context(), telemetry.Decision{
-		Boundary: boundary, Result: telemetry.Refused, Reason: string(r.Code), Method: req.Method, Host: hostOf(req),
-	})
+	d := telemetry.Decision{Boundary: boundary, Result: telemetry.Refused, Reason: string(r.Code), Method: req.Method, Host: hostOf(req)}
+	p.tel.Decided(req.Context(), d)
+	d.StatusCode = r.Status()
+	p.tel.Accessed(req.Context(), d)
 	// The connection is let go with the answer, not kept for another
 	// request: a client refused for holding too much must not hold more.
 	w.Header().Set("Connection", "close")

@@ -244,7 +244,7 @@ func (t *Transparent) handle(c net.Conn) {
 			name = od.Addr().String()
 		}
 		host := joinHostPort(name, od.Port(), "")
-		if t.p.cfg.PassThrough.Match(host) && t.nameBacks(tc, name) {
+		if t.p.current().PassThrough.Match(host) && t.nameBacks(tc, name) {
 			t.passThrough(tc, host)
 			return
 		}
@@ -409,17 +409,7 @@ func (t *Transparent) refuse(od netip.AddrPort, code refusal.Code, msg string) {
 }
 
 func (p *Proxy) mitmCert(name string) (*tls.Certificate, error) {
-	gen := func() (*tls.Certificate, error) {
-		cfg, err := goproxy.TLSConfigFromCA(&p.cfg.CA.Cert)(name, &goproxy.ProxyCtx{Proxy: p.gp})
-		if err != nil {
-			return nil, fmt.Errorf("mint a certificate for %s: %w", name, err)
-		}
-		return &cfg.Certificates[0], nil
-	}
-	if p.gp.CertStore == nil {
-		return gen()
-	}
-	return p.gp.CertStore.Fetch(name, gen)
+	return p.certs.Fetch(name, func() (*tls.Certificate, error) { return p.cfg.CA.Leaf(name) })
 }
 
 // readClientHello reads the client's TLS ClientHello without answering it,

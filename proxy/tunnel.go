@@ -26,9 +26,9 @@ import (
 // at the CONNECT, where it can read the answer, that it may not go there.
 func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	req := pctx.Req
-	ex := &exchange{start: time.Now(), slot: slotOf(req.Context())}
+	ex := &exchange{start: time.Now(), slot: slotOf(req.Context()), rules: p.current()}
 	pctx.UserData = ex
-	passThrough := p.cfg.PassThrough.Match(host)
+	passThrough := ex.rules.PassThrough.Match(host)
 	boundary := state.BoundaryHTTP
 	if passThrough {
 		boundary = state.BoundaryTunnel
@@ -65,13 +65,13 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		return reject(refusal.New(refusal.TooManyConnections,
 			"run %s holds %d open exchanges through this proxy, its cap (--max-conns-per-run): try again when some have ended; nothing was sent", id.run, p.cfg.MaxConnsPerRun))
 	}
-	allow := p.cfg.Delivery.Match(host)
+	allow := ex.rules.Delivery.Match(host)
 	greq := state.GuardRequest{
 		RunID: id.run, ObservedVersion: id.version, Key: intents.DerivedKey(id.run, http.MethodConnect, host, ""),
 		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
-	if r := p.destination(req, ex, checkedAddr(req.Context(), host)); r != nil {
+	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), host)); r != nil {
 		return reject(p.denied(req, ex, r, greq))
 	}
 	if anonymous {
@@ -117,7 +117,6 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 	upstream, err := p.dial(dctx, "tcp", host)
 	cancel()
 	if err != nil {
-		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
 		r := refusal.Wrap(err, refusal.UpstreamFailed, "cannot reach %s: %v; recorded %s", host, err, state.IntentNotSent)
 		var denied *refusal.Refusal
 		if errors.As(err, &denied) {
@@ -125,6 +124,8 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 			r.Recorded = state.IntentNotSent
 		}
 		r.RunID, r.ObservedVersion, r.Intent, r.Recorded = f.id.run, f.id.version, f.intent.Key, state.IntentNotSent
+		ex.status = r.Status()
+		p.finish(ctx, ex, state.IntentNotSent, 0, "dial: "+err.Error())
 		_ = r.Response(req).Write(client)
 		return
 	}
@@ -133,6 +134,7 @@ func (p *Proxy) tunnel(req *http.Request, client net.Conn, host string, ex *exch
 		p.finish(ctx, ex, state.IntentNotSent, 0, "client gone before the tunnel opened")
 		return
 	}
+	ex.status = http.StatusOK
 
 	opened := time.Now()
 	var sent atomic.Int64 // bytes read from the client, so far

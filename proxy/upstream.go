@@ -44,8 +44,13 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 	addr = checkedAddr(ctx, addr)
 	t, ok := targetOf(ctx)
 	if !ok || t.addrs == nil || !strings.EqualFold(t.hostport, addr) {
+		// The rules the request was checked under, if it was.
+		dests := p.current().dests
+		if ok && t.by != nil {
+			dests = t.by
+		}
 		checked := new(target)
-		if err := p.dests.check(ctx, addr, checked); err != nil {
+		if err := dests.check(ctx, addr, checked); err != nil {
 			return nil, err
 		}
 		t = *checked

@@ -63,7 +63,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 		t.Fatal(err)
 	}
 	// The upstream listens on loopback, which the egress refuses by default.
-	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, CA: ca, AutoAdmit: autoAdmit, PassThrough: pass, Logger: log, AllowDest: []string{"127.0.0.1"}})
+	egress, err := proxy.New(proxy.Config{Ledger: ledger, Watcher: watcher, CA: ca, AutoAdmit: autoAdmit, Rules: proxy.Rules{PassThrough: pass, AllowDest: []string{"127.0.0.1"}}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

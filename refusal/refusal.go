@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/stopgate/stopgate/state"
 )
@@ -28,6 +29,9 @@ const (
 	Header = "X-Stopgate-Refusal"
 	// IntentHeader carries the key an effect is recorded under.
 	IntentHeader = "X-Stopgate-Intent"
+	// ShouldRetryHeader is "false" on every refusal a retry cannot change
+	// (Code.Retryable): the OpenAI and Anthropic SDKs obey it.
+	ShouldRetryHeader = "X-Should-Retry"
 )
 
 // Code is a refusal's reason: stable, for programs. Its HTTP status is
@@ -49,6 +53,9 @@ const (
 	IntentNotInFlight Code = state.ConflictNotInFlight
 	IntentNotUnknown  Code = state.ConflictNotUnknown
 	StaleAttempt      Code = state.ConflictStaleAttempt
+	// StoreNotReset: control API, an acknowledgement of a reset of a store
+	// whose marker does not say reset.
+	StoreNotReset Code = "store_not_reset"
 
 	// Who is asking.
 	NoRunIdentity  Code = "no_run_identity"  // no run named where one is needed
@@ -81,6 +88,10 @@ const (
 	TransparentOff         Code = "transparent_off"           // control API: serve has no --transparent-addr
 	UIDBound               Code = "uid_bound"                 // control API: the uid already has a transparent binding
 
+	// PolicyInvalid: a reload found a policy file that does not parse or
+	// validate; the policy in force stays as it was.
+	PolicyInvalid Code = "policy_invalid"
+
 	// What failed.
 	StoreUnavailable   Code = "store_unavailable"   // the state store did not answer in time: fail closed
 	UpstreamFailed     Code = "upstream_failed"     // the upstream could not be reached or failed mid-answer
@@ -105,8 +116,10 @@ const StatusClientClosed = 499
 func (c Code) Status() int {
 	switch c {
 	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress, KeyReused,
-		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound:
+		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound, StoreNotReset:
 		return http.StatusConflict
+	case PolicyInvalid:
+		return http.StatusUnprocessableEntity
 	case NoRunIdentity:
 		return http.StatusProxyAuthRequired
 	case Unauthorized, BadSignature:
@@ -133,6 +146,21 @@ func (c Code) Status() int {
 		return StatusClientClosed
 	}
 	return http.StatusInternalServerError
+}
+
+// Retryable reports whether the same request, sent again, may be answered
+// otherwise: a refusal about load or a failure (429, 5xx) may pass later,
+// and so may intent_in_progress once its first attempt is over. Every
+// other refusal is about the request or the run, which a retry does not
+// change: its answers carry X-Should-Retry: false, which the OpenAI and
+// Anthropic SDKs obey instead of retrying a 409 (three refused intents per
+// call, each recorded).
+func (c Code) Retryable() bool {
+	if c == IntentInProgress {
+		return true
+	}
+	s := c.Status()
+	return s == http.StatusTooManyRequests || s >= http.StatusInternalServerError
 }
 
 // Refusal is one refused request or effect: why, in a code and in words,
@@ -266,7 +294,10 @@ func FromError(err error) *Refusal {
 		return r
 	case errors.As(err, &conflict):
 		row := conflict.Run
-		out := &Refusal{Code: Code(conflict.Code), Message: conflict.Error(), RunID: row.ID, Run: &row, Err: err}
+		// The conflict's text leads with its code, which Error and every
+		// rendering put in front again: the message is what follows it.
+		msg := strings.TrimPrefix(conflict.Error(), conflict.Code+": ")
+		out := &Refusal{Code: Code(conflict.Code), Message: msg, RunID: row.ID, Run: &row, Err: err}
 		if conflict.Intent != nil {
 			out.Intent = conflict.Intent.Key
 			out.IntentState = conflict.Intent.State
@@ -280,6 +311,10 @@ func FromError(err error) *Refusal {
 		return Wrap(err, InvalidRequest, "%v", err)
 	case errors.Is(err, state.ErrNotFound):
 		return Wrap(err, NotFound, "%v", err)
+	case errors.Is(err, state.ErrInconsistent):
+		// Before ErrUnavailable, which it wraps: the store answered, and
+		// its error says what it lost and the way out.
+		return Wrap(err, StoreUnavailable, "nothing was done (fail closed): %v", err)
 	case errors.Is(err, state.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return Wrap(err, StoreUnavailable, "the run state store did not answer in time, so nothing was done (fail closed): %v", err)
 	}

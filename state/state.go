@@ -202,6 +202,19 @@ const (
 	SourcePolicy = "policy"
 )
 
+// Status reasons of a run leaving CANCELLING or UNKNOWN (Run.StatusReason),
+// and the reasons the rules give an intent or an event.
+const (
+	ReasonAutoAdmit    = "auto-admit"
+	ReasonDrained      = "drained"
+	ReasonUnresolved   = "unresolved_intents"
+	ReasonDrainTimeout = "drain_timeout"
+	ReasonReconciled   = "reconciled"
+	ReasonLeaseExpired = "lease_expired"
+	ReasonRunCancelled = "run_cancelled"
+	ReasonLateResponse = "late_response"
+)
+
 // Refusal reasons the guard returns.
 const (
 	RefusalRunNotActive   = "run_not_active"
@@ -524,6 +537,18 @@ var (
 	ErrInvalid     = errors.New("invalid request")
 	ErrUnavailable = errors.New("store unavailable")
 )
+
+// ErrInconsistent is a store that knows it has lost writes it once
+// acknowledged (emptied, rolled back, a row gone), so that a cancel it held
+// may be gone too and no admission can be trusted. It wraps ErrUnavailable:
+// every edge refuses with 503 (fail closed) until an operator acknowledges
+// the loss. A store's error says which loss, and the way out.
+var ErrInconsistent error = inconsistent{}
+
+type inconsistent struct{}
+
+func (inconsistent) Error() string { return "store lost acknowledged writes" }
+func (inconsistent) Unwrap() error { return ErrUnavailable }
 
 // Conflict is a transition refused by the row's current state.
 type Conflict struct {

@@ -19,6 +19,10 @@ type measured struct {
 	t *Telemetry
 }
 
+// Unwrap is the store measured, for a caller that needs what only that
+// store does (the control API's acknowledgement of a Redis store's reset).
+func (m *measured) Unwrap() state.Store { return m.Store }
+
 // observe records one call of op that started at start and ended with err.
 // A refusal or a conflict is an answer, not a failure; only a store that
 // did not answer (or answered nonsense) counts as an error.

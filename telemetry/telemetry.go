@@ -34,6 +34,10 @@ const (
 	Refused  Result = "refused"
 	Finished Result = "finished"
 	Cut      Result = "cut"
+	// WouldDeny: a destination that only a report rule refuses (policy
+	// destinations.report, or destinations.default: report), forwarded
+	// all the same; its request goes on to be admitted or refused.
+	WouldDeny Result = "would_deny"
 )
 
 // Decision is one decision at a boundary, with what the canonical log line
@@ -59,10 +63,17 @@ type Decision struct {
 	Store time.Duration
 	// Bytes the effect carried (request body, or tunnel bytes sent).
 	Bytes int64
+	// ResponseBytes is what came back to the client (the access line).
+	ResponseBytes int64
+	// Upstream is how long the upstream took to answer: from the request
+	// sent to the answer's headers (the access line).
+	Upstream time.Duration
 	// Duration is the decision's whole time (the request's, the tunnel's).
 	Duration time.Duration
 	// Via says where the identity came from (header, credentials, token, ...).
 	Via string
+	// Rule is the policy rule that decided (a would_deny's report rule).
+	Rule string
 	// Detail is for the operator: the cause of a failure (a store that did
 	// not answer, an outcome that could not be written). It raises the
 	// line to a warning.
@@ -77,6 +88,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Store names the store kind in latency labels (file, redis).
 	Store string
+	// AccessLog writes one line per request at info (Accessed).
+	AccessLog bool
 }
 
 // Telemetry records decisions. Its methods are safe for concurrent use.
@@ -84,6 +97,7 @@ type Telemetry struct {
 	log     *slog.Logger
 	store   string
 	metrics *Metrics
+	access  bool
 }
 
 // New returns a Telemetry; the zero Options give one that counts privately
@@ -99,7 +113,7 @@ func New(opts Options) *Telemetry {
 	if opts.Store == "" {
 		opts.Store = "unknown"
 	}
-	return &Telemetry{log: opts.Logger, store: opts.Store, metrics: newMetrics(reg)}
+	return &Telemetry{log: opts.Logger, store: opts.Store, metrics: newMetrics(reg), access: opts.AccessLog}
 }
 
 // Metrics is the telemetry's instruments, for the parts that measure
@@ -148,6 +162,7 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	str("host", d.Host)
 	str("intent", d.Intent)
 	str("recorded", string(d.Recorded))
+	str("rule", d.Rule)
 	if d.StatusCode != 0 {
 		attrs = append(attrs, slog.Int("status", d.StatusCode))
 	}
@@ -162,6 +177,43 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	}
 	str("detail", d.Detail)
 	t.log.LogAttrs(ctx, level, "decision", attrs...)
+}
+
+// AccessLogging reports whether Accessed writes anything, so that an edge
+// gathers an access line's figures only when it is asked for.
+func (t *Telemetry) AccessLogging() bool { return t.access }
+
+// Accessed writes the access line of one request at its end, whatever
+// became of it (refused, answered, failed, cut): smokescreen's canonical
+// line, one per request, at info, when the access log is on. d.StatusCode
+// is the status the client got (the refusal's, or the upstream's), d.Result
+// how the request ended. It counts nothing: Decided did.
+func (t *Telemetry) Accessed(ctx context.Context, d Decision) {
+	if !t.access || !t.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 16)
+	attrs = append(attrs, slog.String("boundary", string(d.Boundary)), slog.String("decision", string(d.Result)))
+	str := func(k, v string) {
+		if v != "" {
+			attrs = append(attrs, slog.String(k, v))
+		}
+	}
+	str("reason", d.Reason)
+	str("run", d.Run)
+	if d.Version != 0 {
+		attrs = append(attrs, slog.Int64("version", d.Version))
+	}
+	str("via", d.Via)
+	str("method", d.Method)
+	str("host", d.Host)
+	str("intent", d.Intent)
+	str("recorded", string(d.Recorded))
+	attrs = append(attrs, slog.Int("status", d.StatusCode),
+		slog.Int64("request_bytes", d.Bytes), slog.Int64("response_bytes", d.ResponseBytes),
+		slog.Duration("upstream_latency", d.Upstream), slog.Duration("duration", d.Duration))
+	str("detail", d.Detail)
+	t.log.LogAttrs(ctx, slog.LevelInfo, "access", attrs...)
 }
 
 // cutCause folds a cut's reason (which may carry detail after a colon) to

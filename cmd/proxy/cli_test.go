@@ -10,9 +10,11 @@ import (
 	"maps"
 	"net/http/httptest"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +134,34 @@ func TestServeConfig(t *testing.T) {
 	if err != nil || cfg.SecretsOnCommandLine != "--control-token" {
 		t.Errorf("--control-token on the command line: %q %v", cfg.SecretsOnCommandLine, err)
 	}
+	// The Redis password: from a file or the environment, for every URL
+	// form; a password in --store on the command line is named for the
+	// warning, the same URL in STOPGATE_STORE is not.
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", tokenFile}, nil},
+		{[]string{"--store", "redis-cluster://n1:7000,n2:7001"}, map[string]string{"STOPGATE_STORE_PASSWORD": "file-0123456789abcd"}},
+		{nil, map[string]string{"STOPGATE_STORE": "redis-sentinel://s1:26379/0?master=m", "STOPGATE_STORE_PASSWORD_FILE": tokenFile}},
+	} {
+		cfg, err = parseServeConfig(tc.args, env(tc.env))
+		if err != nil || cfg.storeConfig().Password != "file-0123456789abcd" || cfg.SecretsOnCommandLine != "" {
+			t.Errorf("store password %q %v: %q (on the command line %q) %v", tc.args, tc.env, cfg.StorePassword, cfg.SecretsOnCommandLine, err)
+		}
+	}
+	cfg, err = parseServeConfig([]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, env(nil))
+	if err != nil || cfg.SecretsOnCommandLine != "--store" {
+		t.Errorf("a password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
+	}
+	cfg, err = parseServeConfig([]string{"--store", "redis-sentinel://s1:26379/0?master=m&sentinel_password=hunter2"}, env(nil))
+	if err != nil || cfg.SecretsOnCommandLine != "--store" {
+		t.Errorf("a sentinel password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
+	}
+	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_STORE": "redis://:hunter2@127.0.0.1:6379/0"}))
+	if err != nil || cfg.SecretsOnCommandLine != "" {
+		t.Errorf("a password in STOPGATE_STORE: %q %v", cfg.SecretsOnCommandLine, err)
+	}
 
 	bad := []struct {
 		args []string
@@ -188,6 +218,11 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--control-token-file", emptyFile}, nil, "--control-token-file: the secret in " + emptyFile + " is empty"},
 		{[]string{"--read-token-file", emptyFile}, nil, "--read-token-file: the secret in"},
 		{nil, map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile}, "STOPGATE_RUN_TOKEN_SECRET_FILE: is 19 bytes; want at least 32"},
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", "/nonexistent/pw"}, nil, "--store-password-file: open /nonexistent/pw"},
+		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", emptyFile}, nil, "--store-password-file: the secret in"},
+		{[]string{"--store-password-file", tokenFile}, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "--store-password-file and STOPGATE_STORE_PASSWORD are both set"},
+		{[]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, map[string]string{"STOPGATE_STORE_PASSWORD": "other-pw"}, "--store: store URL \"redis://:xxxxx@127.0.0.1:6379/0\": it has a password"},
+		{nil, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "STOPGATE_STORE_PASSWORD: a store password needs a Redis store URL"},
 	}
 	for _, tc := range bad {
 		_, err := parseServeConfig(tc.args, env(tc.env))
@@ -298,7 +333,32 @@ func TestVerbs(t *testing.T) {
 	}
 
 	h.want(t, []string{"status", "nope"}, 1, "", "run nope not found")
-	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was never admitted: recorded CANCELLED at cancel_version 2", "")
+	// A typo is not a stop: the tombstone is written, but cancel says no
+	// run was stopped and exits 4, unless the tombstone is meant.
+	h.want(t, []string{"cancel", "ghost"}, exitTombstone, "ghost was never admitted: recorded CANCELLED at cancel_version 2",
+		"ghost was never admitted: no run of that id was stopped")
+	h.want(t, []string{"admit", "ghost"}, 1, "", "run_not_active: run ghost is CANCELLED")
+	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was already CANCELLED at cancel_version 2; nothing changed", "")
+	// Each tombstone in a millisecond of its own, so that --sort updated
+	// below has an order to show.
+	time.Sleep(2 * time.Millisecond)
+	h.want(t, []string{"cancel", "ghost2", "--tombstone"}, 0, "ghost2 was never admitted: recorded CANCELLED at cancel_version 2", "")
+	time.Sleep(2 * time.Millisecond)
+	out = h.want(t, []string{"cancel", "ghost3", "--json"}, exitTombstone, `"tombstone":true`, "never admitted")
+	if strings.Count(out, "\n") != 1 {
+		t.Errorf("cancel --json of a tombstone: %s", out)
+	}
+
+	// runs: by id prefix, time, order and count.
+	out = h.want(t, []string{"runs", "--prefix", "ghost", "--sort", "updated", "--limit", "2"}, 0, "… and 1 more (--limit 2)", "")
+	if !strings.Contains(out, "ghost3") || !strings.Contains(out, "ghost2") || strings.Contains(out, "ghost ") || strings.Index(out, "ghost3") > strings.Index(out, "ghost2") {
+		t.Errorf("runs --prefix ghost --sort updated --limit 2: want ghost3 then ghost2:\n%s", out)
+	}
+	h.want(t, []string{"runs", "--since", "1h", "--prefix", "r"}, 0, "r2", "")
+	h.want(t, []string{"runs", "--since", "2999-01-01T00:00:00Z"}, 0, "no runs", "")
+	h.want(t, []string{"runs", "--since", "yesterday"}, exitUsage, "", "--since: \"yesterday\" is neither an RFC 3339 time")
+	h.want(t, []string{"runs", "--sort", "name"}, exitUsage, "", "--sort \"name\": want id, updated or created")
+	h.want(t, []string{"runs", "--limit", "-1"}, exitUsage, "", "--limit")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -469,7 +529,8 @@ func TestCancelWait(t *testing.T) {
 	})
 
 	t.Run("Tombstone", func(t *testing.T) {
-		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, 0, `"status":"CANCELLED"`, "")
+		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, exitTombstone, `"status":"CANCELLED"`, "never admitted")
+		h.want(t, []string{"cancel", "never-seen-2", "--wait", "--json", "--tombstone"}, 0, `"status":"CANCELLED"`, "")
 	})
 
 	t.Run("Unknown", func(t *testing.T) {
@@ -509,5 +570,23 @@ func TestSafeText(t *testing.T) {
 	}
 	if got := safe("plain reason"); got != "plain reason" {
 		t.Errorf("plain text changed: %q", got)
+	}
+}
+
+// TestActorWithoutUSERIsTheOSUser: with $USER unset (cron, systemd, a
+// container), the audit log still names who ran the CLI: the OS's name for
+// this process's user, not a bare "cli".
+func TestActorWithoutUSERIsTheOSUser(t *testing.T) {
+	c := newCLI(io.Discard, io.Discard, func(string) string { return "" })
+	u, err := user.Current()
+	want := "cli:uid-" + strconv.Itoa(os.Getuid())
+	if err == nil && u.Username != "" {
+		want = "cli:" + u.Username
+	}
+	if got := c.actor(); got != want {
+		t.Fatalf("actor() = %q, want %q", got, want)
+	}
+	if got := newCLI(io.Discard, io.Discard, func(k string) string { return map[string]string{"USER": "alice"}[k] }).actor(); got != "cli:alice" {
+		t.Fatalf("actor() with USER=alice = %q", got)
 	}
 }

@@ -37,8 +37,13 @@ type serveConfig struct {
 	// BrowserMax caps the browsers running at once.
 	BrowserMax int
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
-	Store   string
-	DataDir string
+	Store string
+	// StorePassword authenticates to Redis in place of a password in the
+	// URL: from StorePasswordFile, or STOPGATE_STORE_PASSWORD (there is no
+	// flag: a command line shows it to every user of the machine).
+	StorePassword     string
+	StorePasswordFile string
+	DataDir           string
 	// Config is the YAML policy file; empty means none.
 	Config string
 	// Run is the static run every proxied request belongs to when it names
@@ -63,6 +68,11 @@ type serveConfig struct {
 	// LogFormat is text (logfmt-like, for a terminal) or json (for a log
 	// pipeline): every decision is one line either way.
 	LogFormat string
+	// AccessLog writes one line per proxied request at info.
+	AccessLog bool
+	// MetricsAddr is a listener serving /metrics alone (the scraper's,
+	// apart from the control API); empty: none.
+	MetricsAddr string
 	// LeaseTTL is how long an in-flight effect stays leased to this
 	// instance without renewal; a killed instance's effects turn UNKNOWN then.
 	LeaseTTL time.Duration
@@ -121,7 +131,7 @@ func (c serveConfig) logger(w io.Writer) *slog.Logger {
 
 // storeConfig is the store serve opens.
 func (c serveConfig) storeConfig() stores.Config {
-	return stores.Config{URL: c.Store, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
+	return stores.Config{URL: c.Store, Password: c.StorePassword, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
 }
 
 // newServeFlags defines serve's flags, with their defaults, on a fresh set.
@@ -139,6 +149,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(durationValue{&cfg.BrowserLinger}, "browser-linger", "`duration` the browser of a run that is over stays up (actions refused, reads served) before it is stopped")
 	fs.IntVar(&cfg.BrowserMax, "browser-max", browserguard.DefaultMaxBrowsers, "most browsers running at once; a launch past it is refused (503 browser_limit)")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
+	fs.StringVar(&cfg.StorePasswordFile, "store-password-file", "", "`file` holding the Redis password, for any --store URL form (or STOPGATE_STORE_PASSWORD; never in --store on a command line, where ps shows it)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
 	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
@@ -154,6 +165,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(boolValue{&cfg.AutoAdmit}, "auto-admit", "admit an unseen run on its first request")
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "`format` of the log: text or json (one object per line)")
+	fs.Var(boolValue{&cfg.AccessLog}, "access-log", "log one line per proxied request at info (msg=access): run, method, host, intent, recorded state, status, bytes each way, upstream latency, duration")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "listen address (host:port) of a listener that serves /metrics and nothing else, for a scraper that must not reach the control API; empty: /metrics is on the control API only")
 	cfg.LeaseTTL = 15 * time.Second
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
 	cfg.StoreTimeout = state.DefaultTimeout
@@ -184,6 +197,9 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	return fs, cfg
 }
 
+// storePasswordEnv holds the Redis password; there is no --store-password.
+const storePasswordEnv = "STOPGATE_STORE_PASSWORD"
+
 // envName is the variable that sets a serve flag: --control-addr is
 // STOPGATE_CONTROL_ADDR.
 func envName(flagName string) string {
@@ -211,6 +227,9 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 			onCommandLine = append(onCommandLine, "--"+name)
 		}
 	}
+	if source["store"] != "" && stores.HasSecret(cfg.Store) {
+		onCommandLine = append(onCommandLine, "--store")
+	}
 	cfg.SecretsOnCommandLine = strings.Join(onCommandLine, ",")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -231,6 +250,10 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 	if envErr != nil {
 		return serveConfig{}, envErr
 	}
+	// The password's variable has no flag: it is read here, apart.
+	if cfg.StorePassword = getenv(storePasswordEnv); cfg.StorePassword != "" {
+		source["store-password"] = storePasswordEnv
+	}
 	if err := cfg.validate(source); err != nil {
 		return serveConfig{}, err
 	}
@@ -240,6 +263,9 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 func (c *serveConfig) validate(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
 		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+	}
+	if err := c.readStorePassword(source); err != nil {
+		return err
 	}
 	for _, check := range []func(badFlag) error{c.checkListeners, c.checkStore, c.checkFiles, c.checkDurations, c.checkLimits} {
 		if err := check(bad); err != nil {
@@ -267,6 +293,16 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
 		}
 	}
+	if c.MetricsAddr != "" {
+		if err := checkAddr(c.MetricsAddr); err != nil {
+			return bad("metrics-addr", "%q: %v", c.MetricsAddr, err)
+		}
+		for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr, "transparent": c.TransparentAddr} {
+			if c.MetricsAddr == other {
+				return bad("metrics-addr", "%q is also the %s address; the listeners need different ports", c.MetricsAddr, name)
+			}
+		}
+	}
 	if c.TransparentAddr == "" {
 		return nil
 	}
@@ -281,6 +317,23 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 	return nil
 }
 
+// readStorePassword reads the Redis password from its file, and checks it
+// is given once: before checkStore, which checks it against the URL.
+func (c *serveConfig) readStorePassword(source map[string]string) error {
+	if c.StorePasswordFile == "" {
+		return nil
+	}
+	if c.StorePassword != "" {
+		return usagef("serve", "%s and %s are both set; give one", source["store-password-file"], storePasswordEnv)
+	}
+	secret, _, err := control.ReadSecretFile(c.StorePasswordFile)
+	if err != nil {
+		return usagef("serve", "%s: %v", source["store-password-file"], err)
+	}
+	c.StorePassword, source["store-password"] = secret, source["store-password-file"]
+	return nil
+}
+
 // checkStore: the store's URL or directory, and what is asked of it.
 func (c *serveConfig) checkStore(bad badFlag) error {
 	if c.CancelReplicas < 0 {
@@ -291,7 +344,10 @@ func (c *serveConfig) checkStore(bad badFlag) error {
 	}
 	if err := stores.Check(c.storeConfig()); err != nil {
 		name := "store"
-		if c.Store == "" {
+		switch {
+		case c.Store == "" && c.StorePassword != "":
+			name = "store-password"
+		case c.Store == "":
 			name = "data-dir"
 		}
 		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))

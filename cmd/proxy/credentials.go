@@ -28,8 +28,12 @@ type controlSecrets struct {
 func loadControlSecrets(cfg serveConfig, log *slog.Logger) (controlSecrets, error) {
 	var s controlSecrets
 	for _, flag := range strings.Split(cfg.SecretsOnCommandLine, ",") {
+		instead := flag + "-file or the environment"
+		if flag == "--store" {
+			instead = "--store-password-file or " + storePasswordEnv + " for the password (and STOPGATE_STORE for the URL)"
+		}
 		if flag != "" {
-			log.Warn("a secret is on the command line, where every user of this machine can read it (ps, /proc/PID/cmdline): use "+flag+"-file or the environment",
+			log.Warn("a secret is on the command line, where every user of this machine can read it (ps, /proc/PID/cmdline): use "+instead,
 				"flag", flag)
 		}
 	}

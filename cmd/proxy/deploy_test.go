@@ -56,7 +56,7 @@ func TestShippedExamplePolicyStartsAsIs(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/readyz: %d\n%s", resp.StatusCode, s.Log())
 	}
-	if want := "pass_through=1 delivery=2 lookups=1"; !strings.Contains(s.Log(), want) || len(pol.Delivery) != 2 {
+	if want := "pass_through=1 delivery=2 effects=10 lookups=1"; !strings.Contains(s.Log(), want) || len(pol.Delivery) != 2 {
 		t.Fatalf("serve did not start on the example's rules (want %q in its log):\n%s", want, s.Log())
 	}
 }
@@ -585,8 +585,14 @@ func TestDeployAgentPodWiring(t *testing.T) {
 		t.Errorf("worker: %s is not the fleet CA's certificate: %v", ssl.Value, err)
 	}
 
-	// Nothing in the agent pod is exposed: no ports, no Service.
+	// Nothing in the agent pod is exposed but the sidecar's metrics port,
+	// which serves /metrics alone (--metrics-addr): no other port, no Service.
+	sidecarCfg := f.serveConfigOf(t, spec, sidecar)
 	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		_, mport, _ := net.SplitHostPort(sidecarCfg.MetricsAddr)
+		if c.Name == "stopgate" && len(c.Ports) == 1 && c.Ports[0].Name == "metrics" && fmt.Sprint(c.Ports[0].ContainerPort) == mport {
+			continue
+		}
 		if len(c.Ports) != 0 {
 			t.Errorf("agent pod: %s declares ports %v", c.Name, c.Ports)
 		}
@@ -623,8 +629,11 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 		t.Fatalf("no Service stopgate-control selecting the control pods")
 	}
 	_, port, _ := net.SplitHostPort(cfg.ControlAddr)
-	if len(c.Ports) != 1 || fmt.Sprint(c.Ports[0].ContainerPort) != port || svc.Spec.Ports[0].TargetPort.String() != c.Ports[0].Name {
+	if len(c.Ports) != 2 || fmt.Sprint(c.Ports[0].ContainerPort) != port || svc.Spec.Ports[0].TargetPort.String() != c.Ports[0].Name {
 		t.Errorf("control: the Service and the container port do not lead to the control API's port %s", port)
+	}
+	if _, mport, _ := net.SplitHostPort(cfg.MetricsAddr); c.Ports[1].Name != "metrics" || fmt.Sprint(c.Ports[1].ContainerPort) != mport {
+		t.Errorf("control: want the port named metrics on --metrics-addr %q, got %v", cfg.MetricsAddr, c.Ports[1])
 	}
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("control: want a readiness probe on /readyz (the store answers)")
@@ -635,11 +644,16 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 	if redisSvc == nil || !labels.SelectorFromSet(redisSvc.Spec.Selector).Matches(labels.Set(f.redis.Spec.Template.Labels)) {
 		t.Fatalf("the Redis StatefulSet's serviceName %q is not a Service selecting its pods", f.redis.Spec.ServiceName)
 	}
-	want := fmt.Sprintf("@%s.%s.svc:%d/", redisSvc.Name, redisSvc.Namespace, redisSvc.Spec.Ports[0].Port)
+	want := fmt.Sprintf("redis://%s.%s.svc:%d/", redisSvc.Name, redisSvc.Namespace, redisSvc.Spec.Ports[0].Port)
 	sidecar, _ := findContainer(f.job.Spec.Template.Spec.InitContainers, "stopgate")
-	for name, store := range map[string]string{"control": cfg.Store, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar).Store} {
-		if !strings.Contains(store, want) {
-			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(store), want)
+	redisPassword := f.redis.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
+	for name, sc := range map[string]serveConfig{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
+		if !strings.HasPrefix(sc.Store, want) {
+			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(sc.Store), want)
+		}
+		// The password Redis asks, apart from the URL.
+		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || stores.HasSecret(sc.Store) {
+			t.Errorf("%s: the store password is not Redis's, from its Secret, apart from the URL", name)
 		}
 	}
 	if len(f.redis.Spec.VolumeClaimTemplates) != 1 {
@@ -738,11 +752,34 @@ func TestDeployNetworkPolicies(t *testing.T) {
 	pods := f.pods()
 	operators := labels.Set{"stopgate-operator": "true", "kubernetes.io/metadata.name": "ops"}
 	others := labels.Set{"kubernetes.io/metadata.name": "default"}
+	scraperNS, scraper := labels.Set{"kubernetes.io/metadata.name": "monitoring"}, labels.Set{"app.kubernetes.io/name": "prometheus"}
+	// scrapeOnly: the rule lets the scraper alone reach the metrics port alone.
+	scrapeOnly := func(rule networkingv1.NetworkPolicyIngressRule) bool {
+		if len(rule.Ports) != 1 || rule.Ports[0].Port.IntValue() != 9090 || len(rule.From) == 0 {
+			return false
+		}
+		for _, peer := range rule.From {
+			ns, err1 := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+			pod, err2 := metav1.LabelSelectorAsSelector(peer.PodSelector)
+			if peer.NamespaceSelector == nil || peer.PodSelector == nil || err1 != nil || err2 != nil ||
+				!ns.Matches(scraperNS) || ns.Matches(others) || !pod.Matches(scraper) || pod.Matches(labels.Set{"app": "anything-else"}) {
+				return false
+			}
+		}
+		return true
+	}
+	scraped := map[string]bool{}
 	for _, p := range f.policies {
 		for _, rule := range p.Spec.Ingress {
+			if scrapeOnly(rule) {
+				for _, kind := range []string{"agent", "control"} {
+					scraped[kind] = scraped[kind] || selects(p, pods[kind].Labels)
+				}
+				continue
+			}
 			switch {
 			case selects(p, pods["agent"].Labels):
-				t.Errorf("policy %s lets something into the agent pods: %v", p.Name, rule)
+				t.Errorf("policy %s lets something into the agent pods but the scraper on the metrics port: %v", p.Name, rule)
 			case selects(p, pods["control"].Labels):
 				for _, peer := range rule.From {
 					ns, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
@@ -773,6 +810,9 @@ func TestDeployNetworkPolicies(t *testing.T) {
 		if selects(p, pods["redis"].Labels) && len(p.Spec.Egress) != 0 {
 			t.Errorf("policy %s: Redis may initiate connections", p.Name)
 		}
+	}
+	if !scraped["agent"] || !scraped["control"] {
+		t.Errorf("the scraper cannot reach the metrics port of the agent pods (%v) or the control pods (%v)", scraped["agent"], scraped["control"])
 	}
 }
 
@@ -945,6 +985,9 @@ func TestDeployDockerfile(t *testing.T) {
 // composeFile is the part of docker-compose.yml the test reads.
 type composeFile struct {
 	Services map[string]struct {
+		Build struct {
+			Target string `yaml:"target"`
+		} `yaml:"build"`
 		Image       string            `yaml:"image"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
@@ -988,10 +1031,25 @@ func TestDeployCompose(t *testing.T) {
 	if !strings.Contains(redis, "--appendonly yes") || !strings.Contains(redis, "--appendfsync always") {
 		t.Errorf("redis: %q, want AOF with appendfsync always", redis)
 	}
+	// Redis asks a password, which only the stopgate instances are given.
+	password := c.Services["redis"].Environment["REDIS_PASSWORD"]
+	if !strings.Contains(redis, "requirepass") || !strings.Contains(redis, "$$REDIS_PASSWORD") || !strings.Contains(redis, "--maxmemory-policy noeviction") ||
+		!strings.HasPrefix(password, "${STOPGATE_REDIS_PASSWORD:?") {
+		t.Errorf("redis: %q with REDIS_PASSWORD %q, want requirepass from the variable the operator exports, and noeviction", redis, password)
+	}
+	for name, svc := range c.Services {
+		if p := svc.Environment["STOPGATE_STORE_PASSWORD"]; (p != "") != strings.HasPrefix(name, "stopgate-") || (p != "" && p != "${STOPGATE_REDIS_PASSWORD}") {
+			t.Errorf("%s: STOPGATE_STORE_PASSWORD %q: only the stopgate instances get Redis's password", name, p)
+		}
+	}
 	cfgs := map[string]serveConfig{}
 	for _, name := range []string{"stopgate-a", "stopgate-b"} {
 		svc := c.Services[name]
-		envs := dockerfileEnv(t, imageStage("stopgate"))
+		stage := "stopgate"
+		if svc.Build.Target != "" {
+			stage = svc.Build.Target
+		}
+		envs := dockerfileEnv(t, stage)
 		for k, v := range svc.Environment {
 			envs[k] = v
 		}
@@ -1011,6 +1069,11 @@ func TestDeployCompose(t *testing.T) {
 	}
 	if cfgs["stopgate-a"].Store != cfgs["stopgate-b"].Store {
 		t.Errorf("the two instances do not share a store")
+	}
+	// The browser image is used: the agent's sidecar can start a guarded
+	// Chromium for its run.
+	if c.Services["stopgate-a"].Build.Target != "browser" || cfgs["stopgate-a"].Chromium != "/usr/bin/chromium" {
+		t.Errorf("stopgate-a: want the browser image, with its Chromium: target %q, chromium %q", c.Services["stopgate-a"].Build.Target, cfgs["stopgate-a"].Chromium)
 	}
 	if !isLoopbackAddr(cfgs["stopgate-a"].ControlAddr) || len(c.Services["stopgate-a"].Ports) != 0 {
 		t.Errorf("stopgate-a: the agent's sidecar opens its control API or publishes a port")

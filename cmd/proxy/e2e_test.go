@@ -272,8 +272,8 @@ func TestServeRefusesBadConfig(t *testing.T) {
 // the store, not in a process; killing both processes does not undo it.
 func TestCancelSurvivesKill9OfStopgateAndRedis(t *testing.T) {
 	t.Run("Redis", func(t *testing.T) {
-		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true})
-		s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
+		redis := redisserver.Start(t, redisserver.Options{AppendFsyncAlways: true, Password: testRedisPassword})
+		s := startServe(t, "--store", "redis://"+redis.Addr()+"/0", "--store-password-file", passwordFile(t), "--require-durable", "--data-dir", t.TempDir())
 		if !strings.Contains(s.Log(), "durable=true") {
 			t.Errorf("serve did not report the Redis persistence:\n%s", s.Log())
 		}
@@ -311,7 +311,7 @@ func crashAndCheck(t *testing.T, s *server, crashStore func()) {
 func TestRequireDurableRefusesRedisWithoutFsync(t *testing.T) {
 	redis := redisserver.Start(t, redisserver.Options{})
 	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
-		"--store", redis.URL(), "--require-durable")
+		"--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
 	if code != exitError || !strings.Contains(errOut, "--require-durable") {
 		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, exitError, errOut)
 	}

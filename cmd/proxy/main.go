@@ -59,6 +59,9 @@ const (
 	exitError   = 1 // the API refused, the store or the network failed
 	exitUsage   = 2 // bad verb, flag or argument
 	exitUnknown = 3 // cancel --wait: the run ended UNKNOWN
+	// exitTombstone: cancel wrote the tombstone of a run never seen (a
+	// mistyped id, most often), without --tombstone.
+	exitTombstone = 4
 )
 
 func main() {
@@ -194,6 +197,8 @@ func (c *cli) dispatch(ctx context.Context, verb string, args []string) error {
 		return c.execVerb(ctx, args)
 	case "redirect":
 		return c.redirectVerb(ctx, args)
+	case "store":
+		return c.storeVerb(ctx, args)
 	case "help", "-h", "-help", "--help":
 		return c.help(args)
 	}
@@ -227,7 +232,7 @@ func (c *cli) flagSet(verb string) *flag.FlagSet {
 	case "serve":
 		fs, _ := newServeFlags()
 		return fs
-	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token":
+	case "admit", "cancel", "complete", "status", "runs", "audit", "resolve", "ca", "claim", "retry", "browser", "token", "store":
 		fs, _ := c.verbFlags(verb)
 		return fs
 	case "exec":
@@ -245,11 +250,12 @@ const mainUsage = `stopgate: durable cancellation of AI-agent runs, enforced whe
 Usage:
   stopgate serve [flags]                       run the egress proxy and the control API
   stopgate admit RUN                           create RUN ACTIVE at cancel_version 1
-  stopgate cancel RUN [--reason R] [--drain D] [--wait]
+  stopgate cancel RUN [--reason R] [--drain D] [--wait] [--tombstone]
                                                stop RUN: no new work; in-flight work drains for D
   stopgate complete RUN [--version N]          mark RUN finished normally
   stopgate status RUN [--json]                 show RUN's row and intent counts
-  stopgate runs [--status S] [--json]          list runs
+  stopgate runs [--status S] [--prefix P] [--since T] [--sort id|updated|created] [--limit N] [--json]
+                                               list runs
   stopgate audit RUN [--json]                  every effect and every transition of RUN
   stopgate resolve RUN KEY --applied|--not-applied [--note N] [--source S]
                                                record what happened to an UNKNOWN effect
@@ -264,13 +270,15 @@ Usage:
                                                run an unmodified agent in a sandbox behind the guard
   stopgate redirect install|remove --uid UID [--port P]
                                                send every TCP connection of UID to the transparent listener
+  stopgate store acknowledge-reset --reason R  admit runs again on a Redis store that lost writes (after re-cancelling)
   stopgate help [VERB]                         this text, or a verb's flags
 
 Client verbs talk to --control (default http://127.0.0.1:8081, or $STOPGATE_CONTROL) with a
 bearer token: --token, --token-file, $STOPGATE_CONTROL_TOKEN, else the operator token serve
 wrote on its first start into its data directory (--data-dir, $STOPGATE_DATA_DIR, or
 ./stopgate-data when --control is on this machine). Flags may come before or after RUN.
-Exit status: 0 ok, 1 error, 2 usage, 3 cancel --wait ended UNKNOWN.
+Exit status: 0 ok, 1 error, 2 usage, 3 cancel --wait ended UNKNOWN, 4 cancel wrote the tombstone of a
+run never seen (without --tombstone).
 `
 
 func verbUsage(verb string) (string, bool) {
@@ -280,13 +288,13 @@ func verbUsage(verb string) (string, bool) {
 	case "admit":
 		return "Usage: stopgate admit RUN [--json]\n\nCreates RUN ACTIVE at cancel_version 1; an ACTIVE run is left as it is.\nA run that was cancelled or completed is refused (exit 1).\n", true
 	case "cancel":
-		return "Usage: stopgate cancel RUN [--reason R] [--drain D] [--wait] [--json]\n\nMoves RUN to CANCELLING: nothing new of it starts, from now on, anywhere.\nIn-flight work may finish until the drain deadline (D, default the server's).\nA run never seen gets a CANCELLED tombstone so it can never start.\nWith --wait, waits until RUN leaves CANCELLING (at most the drain deadline plus 10s)\nand exits 0 when CANCELLED, 3 when UNKNOWN, 1 when still CANCELLING.\n", true
+		return "Usage: stopgate cancel RUN [--reason R] [--drain D] [--wait] [--tombstone] [--json]\n\nMoves RUN to CANCELLING: nothing new of it starts, from now on, anywhere.\nIn-flight work may finish until the drain deadline (D, default the server's).\nA run never seen gets a CANCELLED tombstone so it can never start; since that is most often a\nmistyped id, cancel then says so on stderr and exits 4, unless --tombstone says it was meant.\nWith --wait, waits until RUN leaves CANCELLING (at most the drain deadline plus 10s)\nand exits 0 when CANCELLED, 3 when UNKNOWN, 1 when still CANCELLING.\n", true
 	case "complete":
 		return "Usage: stopgate complete RUN [--version N] [--json]\n\nMoves RUN from ACTIVE to COMPLETED, only if it is still at cancel_version N\n(default: the version it has now).\n", true
 	case "status":
 		return "Usage: stopgate status RUN [--json]\n\nShows RUN's row: status, cancel_version, reasons, times and intent counts.\n", true
 	case "runs":
-		return "Usage: stopgate runs [--status S] [--json]\n\nLists runs, ordered by id; S is ACTIVE, CANCELLING, CANCELLED, COMPLETED or UNKNOWN.\n", true
+		return "Usage: stopgate runs [--status S] [--prefix P] [--since T] [--sort id|updated|created] [--limit N] [--json]\n\nLists runs, ordered by id (or newest updated or created first); S is ACTIVE, CANCELLING,\nCANCELLED, COMPLETED or UNKNOWN; P an id prefix; T a time (RFC 3339) or a duration back from now\n(90m): runs updated since then. With --limit N, the first N, and how many more matched.\n", true
 	case "audit":
 		return "Usage: stopgate audit RUN [--json]\n\nShows every intent (effect) of RUN and every transition of its audit log.\n", true
 	case "resolve":
@@ -305,6 +313,8 @@ func verbUsage(verb string) (string, bool) {
 		return execUsage, true
 	case "redirect":
 		return redirectUsage, true
+	case "store":
+		return storeUsage, true
 	case "help":
 		return "Usage: stopgate help [VERB]\n", true
 	}

@@ -223,9 +223,15 @@ cat "$LOG"
 func TestSandboxGuardsEveryClientWithoutRoot(t *testing.T) {
 	k := newSandboxKit(t)
 	skipWithoutUserNamespaces(t, k)
-	s := startServe(t, "--data-dir", t.TempDir())
 	up := newLLMUpstream(t)
 	_, port, _ := net.SplitHostPort(up.Listener.Addr().String())
+	// The fake provider is an inference API, as the shipped policy lists
+	// the real ones: its stream is cut at the cancel.
+	policy := filepath.Join(t.TempDir(), "stopgate.yaml")
+	if err := os.WriteFile(policy, []byte("effects:\n  127.0.0.1:"+port+": none\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, "--data-dir", t.TempDir(), "--config", policy)
 	s.must(t, 0, "admit", "sandboxed")
 	token := strings.TrimSpace(s.must(t, 0, "token", "sandboxed"))
 

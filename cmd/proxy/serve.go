@@ -10,20 +10,24 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime/debug"
-	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
@@ -45,6 +49,9 @@ const (
 	openTimeout = 15 * time.Second
 	// shutdownTimeout bounds the graceful part of a shutdown.
 	shutdownTimeout = 10 * time.Second
+	// repeatWindow: a warning that repeats (a loop retrying a store that
+	// is down) is said at most once a window, with the count held back.
+	repeatWindow = 30 * time.Second
 	// gcPercent is serve's garbage collection target (GOGC) unless the
 	// environment sets one: the proxy's live heap is a few MB while each
 	// request leaves garbage behind, so Go's default (100) collects many
@@ -67,9 +74,22 @@ func (c *cli) serve(ctx context.Context, args []string) error {
 // builds the instance on it, serves, then shuts down in the reverse order:
 // listeners first, the store last, so nothing still serving ever finds the
 // store closed.
-func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
+func serve(ctx context.Context, cfg serveConfig, base *slog.Logger) (err error) {
+	// The loops that retry while the store is down (and the store's own
+	// client) say so once a window; the decision lines, each the one
+	// record of a request, are never held back.
+	log := slog.New(telemetry.Repeats(base.Handler(), repeatWindow))
+	redis.SetLogger(redisLogger{log.With("component", "redis")})
+	// Every listener is taken before anything is opened or written (the
+	// store, the CA, the tokens), so that a taken port fails the start
+	// with the flag named and leaves the data directory as it was.
+	lns, err := listenAll(cfg)
+	if err != nil {
+		return err
+	}
 	opened, err := openStore(ctx, cfg, log)
 	if err != nil {
+		lns.close()
 		return err
 	}
 	defer func() {
@@ -79,7 +99,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) (err error) {
 		}
 		log.Info("store closed; stopgate stopped")
 	}()
-	inst, err := build(cfg, opened, log)
+	inst, err := build(cfg, opened, lns, log, base.With("component", "decisions"))
 	if err != nil {
 		return err
 	}
@@ -96,9 +116,12 @@ type instance struct {
 	measured state.Store
 	tel      *telemetry.Telemetry
 	owner    string
-	pol      policy.Policy
-	lns      *listeners
-	watcher  *runwatch.Watcher
+	// pol is the policy read at start; policy holds the one in force,
+	// which SIGHUP and POST /v1/policy/reload replace.
+	pol     policy.Policy
+	policy  *policyHolder
+	lns     *listeners
+	watcher *runwatch.Watcher
 	// sweeper ticks draining runs; the watch tells it of every cancel.
 	sweeper  *intents.Sweeper
 	ledger   *intents.Ledger
@@ -109,34 +132,22 @@ type instance struct {
 	// the bindings exec --isolate asks for (off without --transparent-addr).
 	transparent *transparentParts
 	api         *control.Handler
+	// metrics serves /metrics, on the control API and on --metrics-addr.
+	metrics http.Handler
 }
 
 // build wires the instance top to bottom: the policy and the CA, what the
 // edges share (the decisions' account, this instance's ledger, one watch
 // on runs), the listeners, then the edges and the control API.
-func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, error) {
-	pol, err := policy.Load(cfg.Config)
+func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions *slog.Logger) (_ *instance, err error) {
+	defer func() {
+		if err != nil {
+			lns.close()
+		}
+	}()
+	pol, rules, err := loadPolicy(cfg)
 	if err != nil {
 		return nil, usagef("serve", "--config: %v", err)
-	}
-	pass, err := proxy.NewHostSet(pol.PassThrough)
-	if err != nil {
-		return nil, usagef("serve", "--config: pass_through: %v", err)
-	}
-	delivery, err := proxy.NewHostSet(pol.Delivery)
-	if err != nil {
-		return nil, usagef("serve", "--config: delivery: %v", err)
-	}
-	if err := proxy.CheckDestinationRules(pol.Destinations.Allow, pol.Destinations.Deny); err != nil {
-		return nil, usagef("serve", "--config: destinations: %v", err)
-	}
-	noEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsNone))
-	if err != nil {
-		return nil, usagef("serve", "--config: effects: %v", err)
-	}
-	readEffects, err := proxy.NewHostSet(pol.HostsWith(policy.EffectsAll))
-	if err != nil {
-		return nil, usagef("serve", "--config: effects: %v", err)
 	}
 	ca, err := loadCA(cfg)
 	if err != nil {
@@ -150,11 +161,13 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: log.With("component", "decisions"), Store: opened.Kind})
+	tel := telemetry.New(telemetry.Options{Registry: reg, Logger: decisions, Store: opened.Kind, AccessLog: cfg.AccessLog})
 	// Every part calls the store through its measure: one place times and
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
-	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol}
+	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol, lns: lns}
+	inst.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	inst.policy = newPolicyHolder(cfg, pol, tel.Metrics(), log.With("component", "policy"))
 	inst.ledger = intents.NewLedger(store, intents.LedgerOptions{
 		Owner: inst.owner, LeaseTTL: cfg.LeaseTTL, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "ledger"),
 	})
@@ -166,21 +179,16 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	inst.watcher = runwatch.New(store, runwatch.Options{Interval: cfg.RecheckInterval, StoreTimeout: cfg.StoreTimeout,
 		Logger: log.With("component", "watch"), Heard: inst.sweeper.Watch})
 
-	// Every listener is taken before anything serves, so that a taken port
-	// fails the start with the flag named.
-	if inst.lns, err = listenAll(cfg); err != nil {
-		return nil, err
-	}
 	inst.egress, err = proxy.New(proxy.Config{
 		Ledger: inst.ledger, Watcher: inst.watcher, Telemetry: tel, CA: ca, StaticRun: cfg.Run, AutoAdmit: cfg.AutoAdmit,
-		Tokens: tokens, RequireToken: cfg.RequireRunToken, PassThrough: pass, Delivery: delivery, NoEffects: noEffects, ReadEffects: readEffects,
+		Tokens: tokens, RequireToken: cfg.RequireRunToken, Rules: rules,
 		MaxBody: cfg.MaxBody, SpoolDir: cfg.SpoolDir, Logger: log.With("component", "proxy"),
-		AllowDest: append(slices.Clone(cfg.AllowDest), pol.Destinations.Allow...), DenyDest: pol.Destinations.Deny,
 		Protected: inst.protected(), Runs: store, StoreTimeout: cfg.StoreTimeout,
 		MaxConns: cfg.MaxConns, MaxConnsPerRun: cfg.MaxConnsPerRun,
 		HandshakeTimeout: cfg.TunnelHandshakeTimeout, IdleTimeout: cfg.ClientIdleTimeout,
 	})
 	if err == nil {
+		inst.policy.egress = inst.egress
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
 			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
@@ -199,8 +207,9 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 	if err == nil {
 		inst.api, err = control.New(control.Options{
 			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
-			CACertPEM: ca.PEM, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), WebhookSecret: pol.Secret,
-			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
+			CACertPEM: ca.PEM, Metrics: inst.metrics, WebhookSecret: inst.policy.secret,
+			ReloadPolicy: inst.policy.reloader(),
+			Tokens:       tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
@@ -212,7 +221,6 @@ func build(cfg serveConfig, opened stores.Opened, log *slog.Logger) (*instance, 
 		if inst.transparent != nil {
 			inst.transparent.close()
 		}
-		inst.lns.close()
 		return nil, err
 	}
 	return inst, nil
@@ -225,6 +233,9 @@ func (inst *instance) protected() []proxy.Protected {
 		{Addr: inst.lns.proxy.Addr().String(), What: "egress proxy"},
 		{Addr: inst.lns.control.Addr().String(), What: "control API"},
 		{Addr: inst.lns.browser.Addr().String(), What: "browser guard"},
+	}
+	if inst.lns.metrics != nil {
+		out = append(out, proxy.Protected{Addr: inst.lns.metrics.Addr().String(), What: "metrics listener"})
 	}
 	if inst.cfg.TransparentAddr != "" {
 		out = append(out, proxy.Protected{Addr: inst.cfg.TransparentAddr, What: "transparent listener"})
@@ -252,16 +263,32 @@ func (inst *instance) run(ctx context.Context) error {
 	servers.start("egress proxy", inst.lns.proxy, inst.egress, 0, 0)
 	servers.start("browser guard", inst.lns.browser, inst.guard, 0, 0)
 	servers.start("control API", inst.lns.control, inst.api, controlReadTimeout, controlWriteTimeout)
+	if inst.lns.metrics != nil {
+		servers.start("metrics", inst.lns.metrics, metricsOnly(inst.metrics), controlReadTimeout, controlWriteTimeout)
+	}
 	inst.logStart()
 
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var err error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "cause", context.Cause(ctx))
-	case err = <-servers.failed:
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down", "cause", context.Cause(ctx))
+			done = true
+		case err = <-servers.failed:
+			done = true
+		case <-hup:
+			// The outcome is logged and counted by the reload itself.
+			_, _ = inst.policy.reload(ctx, "signal:SIGHUP")
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
+	if inst.lns.metrics != nil {
+		err = errors.Join(err, servers.shutdown(shutdownCtx, "metrics"))
+	}
 	// Watch streams never end by themselves: ended first, they do not hold
 	// the control API's shutdown.
 	inst.api.EndWatches()
@@ -301,6 +328,9 @@ func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.O
 		level = slog.LevelWarn
 	}
 	log.Log(ctx, level, "store: "+opened.Kind, "where", opened.Where, "durable", opened.Durable, "durability", opened.Durability)
+	for _, w := range opened.Warnings {
+		log.Warn("store: "+w, "where", opened.Where)
+	}
 	return opened, nil
 }
 
@@ -338,9 +368,10 @@ type browserLimit struct{ error }
 
 func (browserLimit) Is(target error) bool { return target == control.ErrBrowserLimit }
 
-// listeners are serve's sockets, taken before anything serves.
+// listeners are serve's sockets, taken before anything serves; metrics is
+// nil without --metrics-addr.
 type listeners struct {
-	proxy, browser, control net.Listener
+	proxy, browser, control, metrics net.Listener
 }
 
 func listenAll(cfg serveConfig) (*listeners, error) {
@@ -352,7 +383,11 @@ func listenAll(cfg serveConfig) (*listeners, error) {
 		{"--proxy-addr", cfg.ProxyAddr, &lns.proxy},
 		{"--browser-addr", cfg.BrowserAddr, &lns.browser},
 		{"--control-addr", cfg.ControlAddr, &lns.control},
+		{"--metrics-addr", cfg.MetricsAddr, &lns.metrics},
 	} {
+		if l.addr == "" {
+			continue
+		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			lns.close()
@@ -365,7 +400,7 @@ func listenAll(cfg serveConfig) (*listeners, error) {
 
 // close closes what is still open; a listener a server took is closed by it.
 func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.proxy, l.browser, l.control} {
+	for _, ln := range []net.Listener{l.proxy, l.browser, l.control, l.metrics} {
 		if ln != nil {
 			_ = ln.Close()
 		}
@@ -391,7 +426,7 @@ type servers struct {
 }
 
 func newServers(log *slog.Logger) *servers {
-	return &servers{log: log, byName: map[string]*http.Server{}, failed: make(chan error, 3)}
+	return &servers{log: log, byName: map[string]*http.Server{}, failed: make(chan error, 4)}
 }
 
 func (s *servers) start(name string, ln net.Listener, h http.Handler, read, write time.Duration) {
@@ -425,17 +460,42 @@ func (s *servers) shutdown(ctx context.Context, name string) error {
 func (inst *instance) logStart() {
 	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
 	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
-		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
+		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "effects", len(pol.Effects), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
 		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
+		"report_dest", len(pol.Destinations.Report), "dest_default", destinationDefault(pol),
 		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}
 	log.Info("control API serving", "addr", lns.control.Addr().String(), "auth", cfg.ControlAuth, "drain_timeout", cfg.DrainTimeout, "store", inst.store.Kind)
+	if lns.metrics != nil {
+		log.Info("metrics serving", "addr", lns.metrics.Addr().String(), "path", "/metrics")
+	}
 	if cfg.ControlAuth == authNone {
 		warnOpen(log, lns.control.Addr().String(), isLoopback(lns.control.Addr()))
 	}
+}
+
+// redisLogger is go-redis's log (its pool's and its reconnects' lines) in
+// serve's, as warnings of component redis. Their text varies (addresses,
+// attempts), so it is an attribute: one message, which a store that is
+// down repeats once a window.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "said", strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
+
+// metricsOnly serves /metrics and nothing else: the listener a scraper
+// reaches, which opens no part of the control API.
+func metricsOnly(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		refusal.New(refusal.NotFound, "this listener (--metrics-addr) serves GET /metrics only; the control API listens on --control-addr").WriteHTTP(w)
+	})
+	return mux
 }
 
 // instanceName names this process in leases and the audit log; the random

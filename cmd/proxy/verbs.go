@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -34,8 +36,12 @@ type verbOpts struct {
 	reason    string
 	drain     *time.Duration
 	wait      bool
-	version   int64
-	status    string
+	tombstone bool
+	// runs
+	prefix, since, sort string
+	limit               int
+	version             int64
+	status              string
 	// resolve
 	applied, notApplied bool
 	note, source        string
@@ -78,11 +84,18 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 			return nil
 		})
 		fs.BoolVar(&o.wait, "wait", false, "wait until the run leaves CANCELLING, then summarize")
+		fs.BoolVar(&o.tombstone, "tombstone", false, "RUN may be an id never seen: its CANCELLED tombstone is meant (without it, that exits 4)")
+	case "store":
+		fs.StringVar(&o.reason, "reason", "", "what was done about the runs the store lost (required), for the store's marker and the log")
 	case "complete":
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version to complete at (default: the run's current one)")
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
 	case "runs":
 		fs.StringVar(&o.status, "status", "", "only runs with this status: ACTIVE, CANCELLING, CANCELLED, COMPLETED, UNKNOWN")
+		fs.StringVar(&o.prefix, "prefix", "", "only runs whose id starts with this")
+		fs.StringVar(&o.since, "since", "", "only runs updated since this `time`: RFC 3339 (2026-12-01T10:00:00Z) or a duration back from now (90m, 24h)")
+		fs.StringVar(&o.sort, "sort", "", "`order`: id (default), updated or created (those two newest first)")
+		fs.IntVar(&o.limit, "limit", 0, "at most this many runs (0: all); the output says how many more matched")
 	case "resolve":
 		fs.BoolVar(&o.applied, "applied", false, "the effect happened")
 		fs.BoolVar(&o.notApplied, "not-applied", false, "the effect did not happen")
@@ -281,12 +294,19 @@ func localURL(raw string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// actor names the operator in the audit log: cli:$USER.
+// actor names the operator in the audit log: cli:$USER, or the OS's name
+// for this process's user when $USER is unset (cron, systemd, a container),
+// or its uid when the OS has no name for it.
 func (c *cli) actor() string {
-	user := c.getenv("USER")
-	if user == "" {
-		return "cli"
+	name := c.getenv("USER")
+	if name == "" {
+		if u, err := user.Current(); err == nil && u.Username != "" {
+			name = u.Username
+		} else {
+			name = "uid-" + strconv.Itoa(os.Getuid())
+		}
 	}
+	user := name
 	a := []byte("cli:")
 	for i := 0; i < len(user) && len(a) < control.MaxActorLen; i++ {
 		if b := user[i]; b >= 0x21 && b <= 0x7e {
@@ -338,6 +358,18 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 	reply, err := cl.Cancel(ctx, pos[0], client.CancelOptions{Reason: o.reason, Drain: o.drain})
 	if err != nil {
 		return err
+	}
+	if reply.Value.Tombstone && !o.tombstone {
+		// The contract's tombstone is written (the id can never start);
+		// a script that mistyped the id learns it did not stop its run.
+		if o.json {
+			c.printJSON(reply.Body)
+		} else {
+			printCancel(c.stdout, reply.Value)
+		}
+		return &exitCodeError{code: exitTombstone, msg: fmt.Sprintf(
+			"%s was never admitted: no run of that id was stopped; its CANCELLED tombstone is written, so it can never start. "+
+				"If you meant another run, check its id (stopgate runs --prefix …); pass --tombstone when cancelling an id never seen is meant", safe(pos[0]))}
 	}
 	if !o.wait {
 		if o.json {
@@ -430,14 +462,23 @@ func (c *cli) runs(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var status state.Status
-	if o.status != "" {
-		if status, err = state.ParseStatus(o.status); err != nil {
-			return usagef("runs", "--status %q: want ACTIVE, CANCELLING, CANCELLED, COMPLETED or UNKNOWN", o.status)
-		}
+	// The API reads the same query; parsed here first, a bad flag is a
+	// usage error (exit 2) naming the flag.
+	v := url.Values{"status": {o.status}, "prefix": {o.prefix}, "since": {o.since}, "sort": {o.sort}}
+	if o.limit != 0 {
+		v.Set("limit", strconv.Itoa(o.limit))
 	}
-	reply, err := cl.Runs(ctx, status)
-	return show(c, o, reply, err, func(w io.Writer, list control.RunList) { printRuns(w, list.Runs) })
+	q, err := control.ParseRunQuery(v, time.Now())
+	if err != nil {
+		return usagef("runs", "--%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+	}
+	reply, err := cl.RunsWhere(ctx, q)
+	return show(c, o, reply, err, func(w io.Writer, list control.RunList) {
+		printRuns(w, list.Runs)
+		if list.More > 0 {
+			fmt.Fprintf(w, "… and %d more (--limit %d)\n", list.More, q.Limit)
+		}
+	})
 }
 
 func (c *cli) audit(ctx context.Context, args []string) error {

@@ -141,11 +141,12 @@ func (c *Client) Run(ctx context.Context, runID string) (Reply[state.Run], error
 
 // Runs lists rows, all of them when status is empty.
 func (c *Client) Runs(ctx context.Context, status state.Status) (Reply[control.RunList], error) {
-	var q url.Values
-	if status != "" {
-		q = url.Values{"status": {string(status)}}
-	}
-	return call[control.RunList](ctx, c, http.MethodGet, "/v1/runs", q, nil)
+	return c.RunsWhere(ctx, control.RunQuery{Status: status})
+}
+
+// RunsWhere lists the runs q matches, in q's order.
+func (c *Client) RunsWhere(ctx context.Context, q control.RunQuery) (Reply[control.RunList], error) {
+	return call[control.RunList](ctx, c, http.MethodGet, "/v1/runs", q.Values(), nil)
 }
 
 // Intents lists the run's intents in creation order.

@@ -21,6 +21,10 @@ type Config struct {
 	Stopgate string
 	// Baseline is the built plain-goproxy binary.
 	Baseline string
+	// Smokescreen and Squid are the peers' binaries (scripts/bench-deps
+	// makes them); a peer whose binary is missing is printed as not
+	// measured, with the reason in PATH.why if there is one.
+	Smokescreen, Squid string
 	// WorkDir holds the stores, data directories and logs; empty makes a
 	// temporary one, removed at the end unless Keep.
 	WorkDir string
@@ -253,6 +257,7 @@ func (e *env) startStopgate(ctx context.Context, name, store, dataDir string) (*
 type mainProcs struct {
 	everysec, always *redisProc
 	base             *baseline
+	peers            []*peerTarget
 	embedded         *stopgate
 	sgEverysec       *stopgate
 	sgAlways         *stopgate
@@ -267,6 +272,11 @@ func (p *mainProcs) stop() {
 	if p.base != nil {
 		p.base.stop()
 	}
+	for _, pt := range p.peers {
+		if pt.proc != nil {
+			pt.proc.stop()
+		}
+	}
 	for _, r := range []*redisProc{p.everysec, p.always} {
 		if r != nil {
 			r.stop()
@@ -278,7 +288,7 @@ func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
 	p := &mainProcs{}
 	defer p.stop()
 	var err error
-	e.cfg.logf("starting redis-server (AOF everysec, AOF always), plain goproxy, and three stopgate serve")
+	e.cfg.logf("starting redis-server (AOF everysec, AOF always), plain goproxy, the peers, and three stopgate serve")
 	if p.everysec, err = startRedis("redis-everysec", filepath.Join(e.dir, "redis-everysec"), redisserver.Options{AppendFsyncEverySec: true}); err != nil {
 		return nil, err
 	}
@@ -287,6 +297,9 @@ func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
 	}
 	if p.base, err = startBaseline(ctx, e.cfg.Baseline, e.dir, e.up.CertFile); err != nil {
 		return nil, err
+	}
+	if !e.cfg.skip("matrix") {
+		p.peers = e.startPeers(ctx)
 	}
 	if p.embedded, err = e.startStopgate(ctx, "stopgate-embedded", "", filepath.Join(e.dir, "data-embedded")); err != nil {
 		return nil, err
@@ -303,11 +316,11 @@ func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
 	}
 	var tables []*table
 	if !e.cfg.skip("matrix") {
-		t, err := e.matrixPhase(ctx, p)
+		ts, err := e.matrixPhase(ctx, p)
 		if err != nil {
 			return tables, err
 		}
-		tables = append(tables, t)
+		tables = append(tables, ts...)
 	}
 	if !e.cfg.skip("cancel") {
 		t, err := e.cancelPhase(ctx, p)

@@ -1,6 +1,7 @@
 // Package bench is the performance instrument behind make bench: it starts
-// the built stopgate binary, a plain goproxy baseline and redis-server as
-// separate processes on loopback, drives them with a closed-loop load
+// the built stopgate binary, a plain goproxy baseline, the peers
+// (stripe/smokescreen, Squid: peers.go) and redis-server as separate
+// processes on loopback, drives them with a closed-loop load
 // generator, reads their CPU time from /proc, and prints Markdown tables —
 // the per-request cost side by side, cancel-to-cut latency across
 // instances, Redis memory per run and per intent, and the cost with many

@@ -26,6 +26,19 @@ type target struct {
 	spec func(s *loadSpec)
 	// redis, if set, is watched as the second process.
 	hasRedis bool
+	// httpOnly targets (the peers) are measured in the plain-HTTP rows
+	// only: they do not intercept HTTPS.
+	httpOnly bool
+	// divisor marks smokescreen: the second ratio of every row divides by it.
+	divisor bool
+	// missing says why the target is not measured (a peer the machine
+	// could not have); it is still a row of the table.
+	missing string
+}
+
+// measured says whether t takes part in scenario sc.
+func (t target) measured(sc scenario) bool {
+	return t.missing == "" && !(t.httpOnly && sc.tls)
 }
 
 // scenario is one kind of traffic at one connection count.
@@ -62,12 +75,25 @@ func (e *env) targets(p *mainProcs) []target {
 			}
 		}}
 	}
-	return []target{
-		direct, base,
+	out := []target{direct, base}
+	for _, pt := range p.peers {
+		t := target{key: pt.key, label: pt.label, httpOnly: true, divisor: pt.key == "smokescreen", missing: pt.why}
+		if pt.proc != nil {
+			proc := pt.proc
+			// The same credentials as stopgate gets, as plain goproxy: the
+			// peers ignore them, but read the same bytes.
+			t.proxy = func(run string) *url.URL {
+				return &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: proc.addr}
+			}
+			t.spec = func(s *loadSpec) { s.Watch = []int{proc.PID()} }
+		}
+		out = append(out, t)
+	}
+	return append(out,
 		sg("embedded", "stopgate, embedded store", p.embedded, nil),
 		sg("everysec", "stopgate, Redis everysec", p.sgEverysec, p.everysec),
 		sg("always", "stopgate, Redis always", p.sgAlways, p.always),
-	}
+	)
 }
 
 func (e *env) scenarios() []scenario {
@@ -117,16 +143,25 @@ func connRun(run string, conn int) string { return fmt.Sprintf("%s-c%d", run, co
 // interleaved (repeat by repeat, scenario by scenario) so that each
 // target meets the machine in the same moods as the baseline it is
 // divided by.
-func (e *env) matrixPhase(ctx context.Context, p *mainProcs) (*table, error) {
+func (e *env) matrixPhase(ctx context.Context, p *mainProcs) ([]*table, error) {
 	targets, scenarios := e.targets(p), e.scenarios()
 	results := make([][][]loadResult, len(scenarios))
-	for i := range results {
+	total := 0
+	for i, sc := range scenarios {
 		results[i] = make([][]loadResult, len(targets))
+		for _, t := range targets {
+			if t.measured(sc) {
+				total += e.cfg.Repeats
+			}
+		}
 	}
-	total, done := e.cfg.Repeats*len(scenarios)*len(targets), 0
+	done := 0
 	for rep := range e.cfg.Repeats {
 		for si, sc := range scenarios {
 			for ti, t := range targets {
+				if !t.measured(sc) {
+					continue
+				}
 				done++
 				run := fmt.Sprintf("bench-%s-%d-%s-r%d", sc.key, sc.conns, t.key, rep)
 				res, err := runLoad(ctx, e.spec(sc, t, run))
@@ -141,54 +176,181 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) (*table, error) {
 			}
 		}
 	}
+	rows := e.summarizeMatrix(targets, scenarios, results)
+	return []*table{e.matrixTable(targets, scenarios, rows), peersTable(targets, scenarios, rows)}, nil
+}
+
+// cell is one target in one scenario, summarized.
+type cell struct {
+	summary
+	// ratioSmokescreen divides by smokescreen in the same repeats; N is 0
+	// when smokescreen was not measured.
+	ratioSmokescreen spread
+	// p50Added is the median latency over plain goproxy's.
+	p50Added time.Duration
+	// cpuRatio is the proxy CPU over plain goproxy's; 0 if not known.
+	cpuRatio float64
+	measured bool
+}
+
+// summarizeMatrix turns the repeats into one cell per scenario and target,
+// and leaves the figures the targets table reads.
+func (e *env) summarizeMatrix(targets []target, scenarios []scenario, results [][][]loadResult) [][]cell {
+	bi := slices.IndexFunc(targets, func(t target) bool { return t.baseline })
+	si := slices.IndexFunc(targets, func(t target) bool { return t.divisor })
+	out := make([][]cell, len(scenarios))
+	for sci, sc := range scenarios {
+		out[sci] = make([]cell, len(targets))
+		base := summarize(results[sci][bi], nil)
+		var smokescreen []loadResult
+		if si >= 0 {
+			smokescreen = results[sci][si]
+		}
+		for ti, tg := range targets {
+			rs := results[sci][ti]
+			if len(rs) == 0 {
+				continue
+			}
+			c := cell{summary: summarize(rs, results[sci][bi]), measured: true}
+			c.p50Added = c.p50 - base.p50
+			if len(smokescreen) > 0 {
+				c.ratioSmokescreen = summarize(rs, smokescreen).ratio
+			}
+			if len(rs[0].CPU) > 0 && base.proxyCPU > 0 {
+				c.cpuRatio = c.proxyCPU / base.proxyCPU
+			}
+			key := fmt.Sprintf("%s/%d/%s", sc.key, sc.conns, tg.key)
+			if !tg.baseline {
+				e.figures.set("ratio/"+key, c.ratio.Median)
+				e.figures.set("p50-added/"+key, c.p50Added.Seconds())
+				if c.cpuRatio > 0 {
+					e.figures.set("cpu-ratio/"+key, c.cpuRatio)
+				}
+			}
+			if !tg.divisor && c.ratioSmokescreen.N > 0 {
+				e.figures.set("ratio-smokescreen/"+key, c.ratioSmokescreen.Median)
+			}
+			if tg.hasRedis {
+				e.figures.set("redis-cpu/"+key, c.redisCPU)
+			}
+			out[sci][ti] = c
+		}
+	}
+	return out
+}
+
+// notMeasured is the first cell of a row that was not measured.
+func notMeasured(why string) string { return "not measured: " + why }
+
+func (e *env) matrixTable(targets []target, scenarios []scenario, cells [][]cell) *table {
 	t := &table{
 		title: "Per-request cost, side by side",
 		left:  2,
-		header: []string{"traffic", "case", "conns", "req/s (min–max)", "× plain goproxy", "p50", "p50 − goproxy", "p99",
+		header: []string{"traffic", "case", "conns", "req/s (min–max)", "× plain goproxy", "× smokescreen", "p50", "p50 − goproxy", "p99",
 			"proxy CPU µs/req", "× goproxy CPU", "redis CPU µs/req", "others' CPU", "errors"},
 	}
 	for si, sc := range scenarios {
-		bi := slices.IndexFunc(targets, func(t target) bool { return t.baseline })
-		base := summarize(results[si][bi], nil)
 		for ti, tg := range targets {
-			s := summarize(results[si][ti], results[si][bi])
+			if tg.httpOnly && sc.tls {
+				continue
+			}
 			label := tg.label
 			if sc.tls && tg.baseline {
 				label = "plain goproxy MITM"
 			}
-			row := []string{sc.label, label, fmt.Sprint(sc.conns), rateCell(s.rate), "—", dur(s.p50), "—", dur(s.p99), "—", "—", "—", fmt.Sprintf("%.2f cores", s.others), fmt.Sprint(s.errors)}
-			key := fmt.Sprintf("%s/%d/%s", sc.key, sc.conns, tg.key)
-			if !tg.baseline {
-				row[4] = ratioCell(s.ratio)
-				row[6] = signedDur(s.p50 - base.p50)
-				e.figures.set("ratio/"+key, s.ratio.Median)
-				e.figures.set("p50-added/"+key, (s.p50 - base.p50).Seconds())
+			c := cells[si][ti]
+			if !c.measured {
+				// Why is in the short table below and the notes at the end:
+				// here it would widen a column of numbers.
+				row := []string{sc.label, label, fmt.Sprint(sc.conns), "not measured"}
+				for len(row) < len(t.header) {
+					row = append(row, "—")
+				}
+				t.add(row...)
+				continue
 			}
-			if len(results[si][ti][0].CPU) > 0 {
-				row[8] = micros(s.proxyCPU)
-				if !tg.baseline && base.proxyCPU > 0 {
-					row[9] = fmt.Sprintf("%.2f", s.proxyCPU/base.proxyCPU)
-					e.figures.set("cpu-ratio/"+key, s.proxyCPU/base.proxyCPU)
+			row := []string{sc.label, label, fmt.Sprint(sc.conns), rateCell(c.rate), "—", "—", dur(c.p50), "—", dur(c.p99), "—", "—", "—", fmt.Sprintf("%.2f cores", c.others), fmt.Sprint(c.errors)}
+			if !tg.baseline {
+				row[4] = ratioCell(c.ratio)
+				row[7] = signedDur(c.p50Added)
+			}
+			if !tg.divisor && c.ratioSmokescreen.N > 0 {
+				row[5] = ratioCell(c.ratioSmokescreen)
+			}
+			if tg.proxy != nil {
+				row[9] = micros(c.proxyCPU)
+				if !tg.baseline && c.cpuRatio > 0 {
+					row[10] = fmt.Sprintf("%.2f", c.cpuRatio)
 				}
 			}
 			if tg.hasRedis {
-				row[10] = micros(s.redisCPU)
-				e.figures.set("redis-cpu/"+key, s.redisCPU)
+				row[11] = micros(c.redisCPU)
 			}
 			t.add(row...)
 		}
 	}
 	t.notes = append(t.notes,
-		"Ratios are the median of per-repeat ratios (each repeat divides by plain goproxy measured moments before); HTTPS rows divide by plain goproxy MITM. "+
+		"Ratios are the median of per-repeat ratios (each repeat divides by plain goproxy, or by smokescreen, measured moments before); HTTPS rows divide by plain goproxy MITM. "+
 			"CPU is utime+stime from /proc/PID/stat over the window ÷ requests completed in it (10 ms ticks); "+
 			"others' CPU is what the rest of the machine used meanwhile (a noisy machine shows here). "+
-			"Every stopgate answer was checked for "+headerIntent+" (guarded, not bypassed).")
+			"Every stopgate answer was checked for "+headerIntent+" (guarded, not bypassed).",
+		"The peers (smokescreen, Squid) are in the plain-HTTP rows only: neither intercepts HTTPS (smokescreen, as run here, tunnels CONNECT unopened; Debian's Squid has no ssl-bump), "+
+			"so the HTTPS rows have no × smokescreen.")
 	if e.cfg.RunPerConn {
 		t.notes = append(t.notes, "Every row puts all the connections of a measurement on one run, except \"a run per connection\": "+
 			"there connection i is its own run (…-c<i>, admitted by its first request, in the warm-up), as a fleet with one agent per run sends, "+
 			"so no two connections' requests are steps of the same run.")
 	}
-	return t, nil
+	return t
+}
+
+// peersTable is the plain-HTTP GET rows of the main table in short: every
+// case beside plain goproxy and beside smokescreen.
+func peersTable(targets []target, scenarios []scenario, cells [][]cell) *table {
+	t := &table{
+		title:  "Beside the peers: plain-HTTP GETs",
+		left:   2,
+		header: []string{"conns", "case", "× plain goproxy", "× smokescreen", "p50", "proxy CPU µs/req", "Redis CPU µs/req"},
+	}
+	median := func(s spread) string {
+		if s.N == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", s.Median)
+	}
+	for si, sc := range scenarios {
+		if sc.tls || sc.method != http.MethodGet {
+			continue
+		}
+		conns := fmt.Sprint(sc.conns)
+		if sc.runPerConn {
+			conns += ", a run each"
+		}
+		for ti, tg := range targets {
+			c := cells[si][ti]
+			if !c.measured {
+				t.add(conns, tg.label, notMeasured(tg.missing), "—", "—", "—", "—")
+				continue
+			}
+			row := []string{conns, tg.label, median(c.ratio), median(c.ratioSmokescreen), dur(c.p50), "—", "—"}
+			if tg.baseline {
+				row[2] = "1.00"
+			}
+			if tg.divisor {
+				row[3] = "1.00"
+			}
+			if tg.proxy != nil {
+				row[5] = micros(c.proxyCPU)
+			}
+			if tg.hasRedis {
+				row[6] = micros(c.redisCPU)
+			}
+			t.add(row...)
+		}
+	}
+	t.notes = append(t.notes, "Medians of the rows above. smokescreen (--allow-range 127.0.0.0/8, no egress ACL file) resolves each request's host, checks the address against its ranges and its ACL, and logs a canonical line; "+
+		"Squid forwards with nothing cached and no access log; plain goproxy forwards and nothing else; stopgate records and guards every request.")
+	return t
 }
 
 // summary is one row: medians over repeats.

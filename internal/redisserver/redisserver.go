@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,9 @@ type Options struct {
 	Conf string
 	// Sentinel starts the process in Sentinel mode (redis-server --sentinel).
 	Sentinel bool
+	// Password, when set, is the server's requirepass: URL carries it, and
+	// the harness authenticates its own PING with it.
+	Password string
 }
 
 func (o Options) persistenceArgs() ([]string, error) {
@@ -78,6 +82,9 @@ func (o Options) args(dir string, port int) ([]string, error) {
 	}
 	args = append(args, "--save", "", "--protected-mode", "yes")
 	args = append(args, persist...)
+	if o.Password != "" {
+		args = append(args, "--requirepass", o.Password)
+	}
 	return append(args, o.Args...), nil
 }
 
@@ -109,8 +116,16 @@ func Start(t testing.TB, opts Options) *Server {
 // Addr is host:port of the server.
 func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
-// URL is the redis:// URL of the server, database 0.
-func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+// URL is the redis:// URL of the server, database 0, with its password
+// when it has one.
+func (s *Server) URL() string { return redisURL(s.Addr(), s.opts.Password) }
+
+func redisURL(addr, password string) string {
+	if password != "" {
+		return "redis://:" + url.PathEscape(password) + "@" + addr + "/0"
+	}
+	return "redis://" + addr + "/0"
+}
 
 // Port is the server's port.
 func (s *Server) Port() int { return s.port }
@@ -152,9 +167,11 @@ func (s *Server) Restart() {
 // Process is one running redis-server, started by Launch.
 type Process struct {
 	addr string
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// password is the server's requirepass, if any.
+	password string
+	dir      string
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
 // Launch starts redis-server on 127.0.0.1:port with its data (and log) in
@@ -176,7 +193,7 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 		_ = logf.Close()
 		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
-	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, cmd: cmd, done: make(chan struct{})}
+	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), password: opts.Password, dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); _ = logf.Close(); close(p.done) }()
 	wait := opts.StartTimeout
 	if wait <= 0 {
@@ -184,7 +201,7 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 	}
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		if pingOK(p.addr) {
+		if pingOK(p.addr, p.password) {
 			return p, nil
 		}
 		select {
@@ -200,8 +217,9 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 // Addr is host:port of the server.
 func (p *Process) Addr() string { return p.addr }
 
-// URL is the redis:// URL of the server, database 0.
-func (p *Process) URL() string { return "redis://" + p.addr + "/0" }
+// URL is the redis:// URL of the server, database 0, with its password
+// when it has one.
+func (p *Process) URL() string { return redisURL(p.addr, p.password) }
 
 // PID is the server's process id.
 func (p *Process) PID() int { return p.cmd.Process.Pid }
@@ -212,17 +230,26 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-func pingOK(addr string) bool {
+func pingOK(addr, password string) bool {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
 		return false
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	r := bufio.NewReader(c)
+	if password != "" {
+		if _, err := fmt.Fprintf(c, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(password), password); err != nil {
+			return false
+		}
+		if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+			return false
+		}
+	}
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return false
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := r.ReadString('\n')
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 

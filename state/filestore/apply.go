@@ -55,6 +55,13 @@ func (v *txView) Intent(key string) (state.Intent, bool, error) {
 	return rec.Intent, true, nil
 }
 
+func (v *txView) Taken(key string) (bool, error) {
+	if v.r == nil {
+		return false, nil
+	}
+	return v.r.get(v.r.b.Bucket([]byte(bucketIntents)), []byte(key)) != nil, nil
+}
+
 func (v *txView) keep(rec *intentRecord) {
 	if v.recs == nil {
 		v.recs = map[string]*intentRecord{}
@@ -113,11 +120,7 @@ func (v *txView) apply(m *machine.Mutation) error {
 		r.row.CreatedAt, r.row.UpdatedAt, r.row.CancelledAt, r.row.DrainDeadline = h.CreatedAt, h.UpdatedAt, h.CancelledAt, h.DrainDeadline
 		r.dirty = true
 	}
-	for st, d := range m.Counts {
-		if d != 0 {
-			r.count(st, d)
-		}
-	}
+	m.Counts.Each(r.count)
 	for _, w := range m.Intents {
 		rec := &intentRecord{Intent: w.Rec}
 		if !w.New() {

@@ -684,16 +684,17 @@ func (s *Store) transaction(steps []*write) (errs []error, ok bool) {
 	errs = make([]error, len(steps))
 	poisoned := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		now := s.now().UTC().Truncate(time.Millisecond)
+		clock := s.now().UTC().Truncate(time.Millisecond)
 		// The audit log must read in order even if the wall clock steps
 		// back between two commits.
+		now := clock
 		if now.Before(s.last) {
 			now = s.last
 		}
 		wrote := false
 		rows := newRowCache()
 		for i, w := range steps {
-			t := &txn{tx: tx, now: now, rows: rows}
+			t := &txn{tx: tx, now: now, clock: clock, rows: rows}
 			errs[i] = w.fn(t)
 			switch {
 			case errs[i] != nil && t.wrote:

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -189,9 +188,9 @@ func (s *Store) Guard(ctx context.Context, req state.GuardRequest) (state.GuardR
 		// a caller that gave up while queued finds nothing recorded.
 		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
 			out, m, err = machine.Guard(v, req, t.now)
-			if errors.Is(err, machine.ErrLate) {
-				err = fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
-					req.RunID, state.ErrUnavailable, t.now.Format(time.RFC3339Nano), req.NotAfter.UTC().Format(time.RFC3339Nano))
+			if deadline, late := machine.Late(m, t.clock); late {
+				return nil, fmt.Errorf("filestore: guard run %s: %w: the guard's turn came at %s, after its deadline %s; nothing was recorded",
+					req.RunID, state.ErrUnavailable, t.clock.Format(time.RFC3339Nano), deadline.UTC().Format(time.RFC3339Nano))
 			}
 			return m, err
 		})

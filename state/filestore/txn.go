@@ -38,8 +38,10 @@ type intentRecord struct {
 // txn is one write transaction: the shared transition rules operate on it,
 // so each Store method is one call to Store.update.
 type txn struct {
-	tx  *bolt.Tx
-	now time.Time
+	tx *bolt.Tx
+	// now is the step's time: the clock, or the last commit's when the
+	// clock went back; clock is the clock's own reading.
+	now, clock time.Time
 	// wrote is set by every write, so that a transaction that wrote
 	// nothing is rolled back instead of paying for a commit.
 	wrote bool

@@ -13,11 +13,6 @@ import (
 // and the record.
 func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *Mutation, error) {
 	s := newStep(v, req.RunID, now)
-	// The fence comes before anything is read or written: a guard whose
-	// caller gave up must leave no trace.
-	if req.Late(s.now) {
-		return state.GuardResult{}, nil, ErrLate
-	}
 	found, err := s.readRow()
 	if err != nil {
 		return state.GuardResult{}, nil, err
@@ -28,9 +23,12 @@ func Guard(v View, req state.GuardRequest, now time.Time) (state.GuardResult, *M
 			return state.GuardResult{Refusal: state.RefusalRunNotAdmitted, Run: state.Run{ID: req.RunID}}, nil, nil
 		}
 		s.create(state.StatusActive, 1)
-		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: ReasonAutoAdmit, To: string(state.StatusActive)})
+		s.event(state.Event{Actor: req.Actor, Kind: state.EventRunAdmitted, Reason: state.ReasonAutoAdmit, To: string(state.StatusActive)})
 	}
 	if !req.NotAfter.IsZero() {
+		// The fence: a guard whose caller gave up must leave no trace,
+		// which the store checks by its own clock (not the step's time,
+		// which a clock gone back keeps at the run's last step).
 		s.expect(Expect{Kind: ExpectNotAfter, Time: req.NotAfter})
 	}
 	refusal := runRefusal(s.row, req)
@@ -88,14 +86,15 @@ func runRefusal(run state.Run, req state.GuardRequest) string {
 // written over. The counter is kept from the second dispatch on: most
 // requests are made once.
 func (s *step) derive(base string) (string, error) {
-	rec, err := s.intent(base)
+	taken, err := s.taken(base)
 	if err != nil {
 		return "", err
 	}
-	if rec == nil {
+	if !taken {
 		s.expect(Expect{Kind: ExpectIntentAbsent, Key: base})
 		return base, nil
 	}
+	s.expect(Expect{Kind: ExpectIntentPresent, Key: base})
 	n, err := s.v.Derived(base)
 	if err != nil {
 		return "", err
@@ -108,11 +107,11 @@ func (s *step) derive(base string) (string, error) {
 	s.expect(Expect{Kind: ExpectDerived, Key: base, N: n})
 	for k := max(n, 1) + 1; ; k++ {
 		key := base + "." + strconv.FormatInt(k, 10)
-		taken, err := s.intent(key)
+		taken, err := s.taken(key)
 		if err != nil {
 			return "", err
 		}
-		if taken == nil {
+		if !taken {
 			s.expect(Expect{Kind: ExpectIntentAbsent, Key: key})
 			s.m.Derived = append(s.m.Derived, DerivedWrite{Base: base, N: k})
 			return key, nil
@@ -198,7 +197,7 @@ func Finish(v View, req state.FinishRequest, now time.Time) (state.Intent, *Muta
 	out := *rec
 	out.State, out.StatusCode, out.Reason, out.Source = req.Outcome, req.StatusCode, req.Reason, req.Source
 	if late {
-		out.Reason = ReasonLateResponse
+		out.Reason = state.ReasonLateResponse
 	}
 	out.LeaseOwner, out.LeaseExpires, out.UpdatedAt = "", time.Time{}, s.now
 	s.put(out, from, true)

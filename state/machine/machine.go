@@ -24,6 +24,20 @@ import (
 	"github.com/stopgate/stopgate/state"
 )
 
+// Late reports whether m is a guard whose fence (ExpectNotAfter) a store
+// whose own clock reads now must refuse: nothing of it may be written.
+func Late(m *Mutation, now time.Time) (time.Time, bool) {
+	if m == nil {
+		return time.Time{}, false
+	}
+	for _, e := range m.Expect {
+		if e.Kind == ExpectNotAfter && now.UnixMilli() > e.Time.UnixMilli() {
+			return e.Time, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // View is what one step reads of its run. A store answers from its
 // transaction, or from what it read of the run; a view that does not know
 // something (Redis deciding from what it last saw of the run, without
@@ -35,6 +49,9 @@ type View interface {
 	Row() (state.Run, bool, error)
 	// Intent is the record under key; false for none.
 	Intent(key string) (state.Intent, bool, error)
+	// Taken reports whether a record exists under key, whatever it says
+	// (how derived keys are named).
+	Taken(key string) (bool, error)
 	// Derived is the dispatch counter of a derived key base (0: none kept).
 	Derived(base string) (int64, error)
 	// InFlight lists the run's IN_FLIGHT intents, Scheduled its
@@ -46,17 +63,6 @@ type View interface {
 // ErrUnknown is a view's answer for what it does not know: the store reads
 // the run and decides again.
 var ErrUnknown = errors.New("machine: the view does not know; read the run")
-
-// ErrLate is the answer to a guard whose fence (NotAfter) the step's time
-// has passed; it wraps state.ErrUnavailable, and nothing is written.
-var ErrLate = errLate{}
-
-type errLate struct{}
-
-func (errLate) Error() string {
-	return "the guard's deadline passed before its turn; nothing was recorded"
-}
-func (errLate) Unwrap() error { return state.ErrUnavailable }
 
 // Mutation is what one step writes, and what it read that must still hold.
 // The zero Mutation writes nothing.
@@ -72,7 +78,7 @@ type Mutation struct {
 	RowChanged bool
 	Row        state.Run
 	// Counts are the changes to the row's intent counts, by state.
-	Counts map[state.IntentState]int
+	Counts Counts
 	// Intents are the records written, in the order written.
 	Intents []IntentWrite
 	// Derived sets dispatch counters of derived key bases.
@@ -87,8 +93,45 @@ type Mutation struct {
 
 // Empty reports whether the mutation writes nothing.
 func (m *Mutation) Empty() bool {
-	return m == nil || !m.Create && !m.RowChanged && len(m.Counts) == 0 && len(m.Intents) == 0 &&
+	return m == nil || !m.Create && !m.RowChanged && m.Counts.Zero() && len(m.Intents) == 0 &&
 		len(m.Derived) == 0 && len(m.Events) == 0
+}
+
+// Counts are changes to a row's intent counts, one for each state, in the
+// order of state.IntentStates: an array, so that a mutation's counts cost
+// no allocation of their own.
+type Counts [9]int
+
+func init() {
+	if len(state.IntentStates) != len(Counts{}) {
+		panic("machine: Counts has room for a count of each intent state")
+	}
+}
+
+// Of is the change to the count of st.
+func (c *Counts) Of(st state.IntentState) int { return c[stateIndex(st)] }
+
+func (c *Counts) add(st state.IntentState, d int) { c[stateIndex(st)] += d }
+
+// Zero reports whether no count changes.
+func (c *Counts) Zero() bool { return *c == Counts{} }
+
+// Each calls fn for every count that changes, in state order.
+func (c *Counts) Each(fn func(st state.IntentState, d int)) {
+	for i, d := range c {
+		if d != 0 {
+			fn(state.IntentStates[i], d)
+		}
+	}
+}
+
+func stateIndex(st state.IntentState) int {
+	for i, s := range state.IntentStates {
+		if s == st {
+			return i
+		}
+	}
+	panic("machine: unknown intent state " + string(st))
 }
 
 // IntentWrite is one record as the step leaves it.
@@ -124,6 +167,8 @@ const (
 	ExpectVersion
 	// ExpectCount: the row counts N intents in State.
 	ExpectCount
+	// ExpectCountAtLeast: the row counts N or more intents in State.
+	ExpectCountAtLeast
 	// ExpectIntentAbsent: no record under Key.
 	ExpectIntentAbsent
 	// ExpectIntentPresent: a record under Key, whatever it says.
@@ -136,7 +181,8 @@ const (
 	// ExpectDerived: the dispatch counter of base Key is N.
 	ExpectDerived
 	// ExpectNotAfter: the store's own clock is not past Time (a guard's
-	// fence).
+	// fence). Unlike every other expectation it may fail in the store
+	// that read the view, since time moves: every store checks it.
 	ExpectNotAfter
 )
 
@@ -162,15 +208,54 @@ type step struct {
 
 	row   state.Run
 	found bool
-	// read is the row as read (its counts among them), for expectations.
-	read   state.Run
-	counts map[state.IntentState]int
-	// intents are the records the step read or wrote, as they now stand.
-	intents map[string]*state.Intent
+	// shared: row.Intents is the view's map, copied before a change.
+	shared bool
+	// readStatus, readVersion and counts are the row as read, for
+	// expectations.
+	readStatus  state.Status
+	readVersion int64
+	counts      map[state.IntentState]int
+	// intents are the records the step read or wrote, as they now stand
+	// (rec nil: none under key).
+	intents []touched
+
+	// Room for the mutation's lists, so that a step of the common
+	// kinds costs one allocation.
+	expectBuf [4]Expect
+	intentBuf [1]IntentWrite
+	eventBuf  [2]state.Event
+	touchBuf  [2]touched
+}
+
+type touched struct {
+	key string
+	rec *state.Intent
 }
 
 func newStep(v View, runID string, now time.Time) *step {
-	return &step{v: v, now: now.UTC().Truncate(time.Millisecond), m: Mutation{RunID: runID}}
+	s := &step{v: v, now: now.UTC().Truncate(time.Millisecond), m: Mutation{RunID: runID}}
+	s.m.Expect, s.m.Intents, s.m.Events, s.intents = s.expectBuf[:0], s.intentBuf[:0], s.eventBuf[:0], s.touchBuf[:0]
+	return s
+}
+
+// touch is the record under key as the step knows it (ok false: not read).
+func (s *step) touched(key string) (*state.Intent, bool) {
+	for _, t := range s.intents {
+		if t.key == key {
+			return t.rec, true
+		}
+	}
+	return nil, false
+}
+
+func (s *step) keep(key string, rec *state.Intent) {
+	for i := range s.intents {
+		if s.intents[i].key == key {
+			s.intents[i].rec = rec
+			return
+		}
+	}
+	s.intents = append(s.intents, touched{key, rec})
 }
 
 // readRow reads the row once.
@@ -179,11 +264,8 @@ func (s *step) readRow() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	s.row, s.found, s.read = row, found, row
-	s.row.Intents = maps.Clone(row.Intents)
-	if s.row.Intents == nil {
-		s.row.Intents = map[state.IntentState]int{}
-	}
+	s.row, s.found, s.readStatus, s.readVersion = row, found, row.Status, row.CancelVersion
+	s.shared = true
 	s.counts = row.Intents
 	s.m.Now = s.now
 	return found, nil
@@ -191,22 +273,28 @@ func (s *step) readRow() (bool, error) {
 
 // intent reads the record under key, or the step's own write of it.
 func (s *step) intent(key string) (*state.Intent, error) {
-	if in, ok := s.intents[key]; ok {
+	if in, ok := s.touched(key); ok {
 		return in, nil
 	}
 	rec, ok, err := s.v.Intent(key)
 	if err != nil {
 		return nil, err
 	}
-	if s.intents == nil {
-		s.intents = map[string]*state.Intent{}
-	}
 	if !ok {
-		s.intents[key] = nil
+		s.keep(key, nil)
 		return nil, nil
 	}
-	s.intents[key] = &rec
+	s.keep(key, &rec)
 	return &rec, nil
+}
+
+// taken reports whether a record exists under key, the step's own writes
+// included.
+func (s *step) taken(key string) (bool, error) {
+	if in, ok := s.touched(key); ok {
+		return in != nil, nil
+	}
+	return s.v.Taken(key)
 }
 
 func (s *step) expect(e Expect) { s.m.Expect = append(s.m.Expect, e) }
@@ -221,17 +309,21 @@ func (s *step) count(from, to state.IntentState) {
 	if from == to {
 		return
 	}
-	if s.m.Counts == nil {
-		s.m.Counts = map[state.IntentState]int{}
+	if s.shared || s.row.Intents == nil {
+		s.row.Intents = maps.Clone(s.row.Intents)
+		if s.row.Intents == nil {
+			s.row.Intents = make(map[state.IntentState]int, 2)
+		}
+		s.shared = false
 	}
 	if from != "" {
-		s.m.Counts[from]--
+		s.m.Counts.add(from, -1)
 		if s.row.Intents[from]--; s.row.Intents[from] <= 0 {
 			delete(s.row.Intents, from)
 		}
 	}
 	if to != "" {
-		s.m.Counts[to]++
+		s.m.Counts.add(to, 1)
 		s.row.Intents[to]++
 	}
 }
@@ -240,11 +332,8 @@ func (s *step) count(from, to state.IntentState) {
 func (s *step) put(rec state.Intent, from state.IntentState, mutable bool) {
 	s.count(from, rec.State)
 	s.m.Intents = append(s.m.Intents, IntentWrite{Rec: rec, From: from, Mutable: mutable})
-	if s.intents == nil {
-		s.intents = map[string]*state.Intent{}
-	}
 	in := rec
-	s.intents[rec.Key] = &in
+	s.keep(rec.Key, &in)
 }
 
 // event appends one line to the audit log, at the step's time and the
@@ -286,19 +375,6 @@ func (s *step) conflict(code string, in *state.Intent, detail string) *state.Con
 	}
 	return c
 }
-
-// Status reasons of a run leaving CANCELLING or UNKNOWN, and the reasons
-// the rules give an intent or an event.
-const (
-	ReasonAutoAdmit    = "auto-admit"
-	ReasonDrained      = "drained"
-	ReasonUnresolved   = "unresolved_intents"
-	ReasonDrainTimeout = "drain_timeout"
-	ReasonReconciled   = "reconciled"
-	ReasonLeaseExpired = "lease_expired"
-	ReasonRunCancelled = "run_cancelled"
-	ReasonLateResponse = "late_response"
-)
 
 // Why is the audit reason of an outcome or a resolution: its source first
 // when it has one ("safe_method: run_cancelled").

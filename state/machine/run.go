@@ -35,7 +35,7 @@ func (s *step) create(status state.Status, version int64) {
 	s.found = true
 	s.row = state.Run{ID: s.m.RunID, Status: status, CancelVersion: version, CreatedAt: s.now, UpdatedAt: s.now,
 		Intents: map[state.IntentState]int{}}
-	s.counts = nil
+	s.counts, s.shared = nil, false
 	s.m.Create = true
 }
 
@@ -45,9 +45,9 @@ func (s *step) expectRow(version bool) {
 	if s.m.Create {
 		return
 	}
-	s.expect(Expect{Kind: ExpectStatus, Status: s.read.Status})
+	s.expect(Expect{Kind: ExpectStatus, Status: s.readStatus})
 	if version {
-		s.expect(Expect{Kind: ExpectVersion, N: s.read.CancelVersion})
+		s.expect(Expect{Kind: ExpectVersion, N: s.readVersion})
 	}
 }
 
@@ -92,7 +92,7 @@ func Cancel(v View, req state.CancelRequest, now time.Time) (state.CancelResult,
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventRunCancelled, Reason: req.Reason,
 		From: string(state.StatusActive), To: string(state.StatusCancelling)})
 	for _, rec := range scheduled {
-		s.force(rec, state.IntentRevoked, ReasonRunCancelled, state.EventIntentRevoked, req.Actor)
+		s.force(rec, state.IntentRevoked, state.ReasonRunCancelled, state.EventIntentRevoked, req.Actor)
 	}
 	s.m.Publish = true
 	return state.CancelResult{Run: s.row, Changed: true}, s.done(), nil
@@ -181,7 +181,7 @@ func (s *step) expireLeases(actor string) error {
 		return cmp.Or(a.LeaseExpires.Compare(b.LeaseExpires), strings.Compare(a.Key, b.Key))
 	})
 	for _, rec := range due {
-		s.force(rec, state.IntentUnknown, ReasonLeaseExpired, state.EventIntentExpired, actor)
+		s.force(rec, state.IntentUnknown, state.ReasonLeaseExpired, state.EventIntentExpired, actor)
 	}
 	return nil
 }
@@ -194,37 +194,45 @@ func (s *step) finalize(actor string) error {
 	default:
 		return nil
 	}
+	inflight, unknown := s.row.Intents[state.IntentInFlight], s.row.Intents[state.IntentUnknown]
+	pastDeadline := !s.now.Before(s.row.DrainDeadline)
+	if s.row.Status == state.StatusCancelling && inflight > 0 && !pastDeadline {
+		// The run drains on: that holds whatever else lands meanwhile,
+		// as long as something stays in flight after this step (the
+		// outcomes of a draining run, carried by many instances at once,
+		// need not wait for each other).
+		s.expect(Expect{Kind: ExpectCountAtLeast, State: state.IntentInFlight, N: int64(s.counts[state.IntentInFlight] - inflight + 1)})
+		return nil
+	}
 	s.expectCount(state.IntentInFlight)
 	s.expectCount(state.IntentUnknown)
-	inflight, unknown := s.row.Intents[state.IntentInFlight], s.row.Intents[state.IntentUnknown]
 	if s.row.Status == state.StatusUnknown {
 		if inflight == 0 && unknown == 0 {
-			s.move(state.StatusCancelled, ReasonReconciled, actor)
+			s.move(state.StatusCancelled, state.ReasonReconciled, actor)
 		}
 		return nil
 	}
-	pastDeadline := !s.now.Before(s.row.DrainDeadline)
 	switch {
 	case inflight == 0 && unknown == 0:
-		s.move(state.StatusCancelled, ReasonDrained, actor)
+		s.move(state.StatusCancelled, state.ReasonDrained, actor)
 	case inflight == 0 && pastDeadline:
 		// Past the deadline, what is unknown was cut by it (by this tick
 		// or by the carrier that saw the deadline first).
-		s.move(state.StatusUnknown, ReasonDrainTimeout, actor)
+		s.move(state.StatusUnknown, state.ReasonDrainTimeout, actor)
 	case inflight == 0:
-		s.move(state.StatusUnknown, ReasonUnresolved, actor)
+		s.move(state.StatusUnknown, state.ReasonUnresolved, actor)
 	case pastDeadline:
 		recs, err := s.v.InFlight()
 		if err != nil {
 			return err
 		}
 		for _, rec := range recs {
-			if cur, ok := s.intents[rec.Key]; ok && cur != nil && cur.State != state.IntentInFlight {
+			if cur, ok := s.touched(rec.Key); ok && cur != nil && cur.State != state.IntentInFlight {
 				continue // this step moved it already
 			}
-			s.force(rec, state.IntentUnknown, ReasonDrainTimeout, state.EventIntentOutcome, actor)
+			s.force(rec, state.IntentUnknown, state.ReasonDrainTimeout, state.EventIntentOutcome, actor)
 		}
-		s.move(state.StatusUnknown, ReasonDrainTimeout, actor)
+		s.move(state.StatusUnknown, state.ReasonDrainTimeout, actor)
 	}
 	return nil
 }

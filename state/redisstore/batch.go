@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 )
@@ -11,9 +10,10 @@ import (
 // short step of the server.
 const maxBatch = 64
 
-// batcher joins the guards and outcomes that callers make at the same time
-// into one call of the batch program (lua/batch.lua): the call's round trip
-// and its own cost are shared, while each step is still its own atomic
+// batcher joins the steps that callers make at the same time into one
+// round of runSteps (one call of the apply program, and of the read
+// program for the runs that need one): the calls' round trips and their
+// own cost are shared, while each step is still its own atomic
 // check-and-record with its own answer, and all of one call run in one
 // atomic step of the server.
 //
@@ -54,53 +54,37 @@ type laneQueue struct {
 	timer *time.Timer
 }
 
-// step is one guard ('g') or outcome ('f', or 'l' for one nobody waits
-// for, answered without its record) of a run and, once done, its answer.
-type step struct {
-	run  string
-	op   string
-	code byte
-	args stepArgs
-	ctx  context.Context
-	done chan struct{}
-	rep  reply
-	err  error
-	// later is set on an outcome nobody waits for; answered is then
-	// called with its answer.
-	later    bool
-	answered func(reply, error)
-}
-
 // answer hands the step its answer.
 func (st *step) answer(b *batcher) {
 	close(st.done)
 	if st.later {
-		st.answered(st.rep, st.err)
+		st.answered(st.err)
 		b.mu.Lock()
 		delete(b.later, st)
 		b.mu.Unlock()
 	}
 }
 
-// do runs one step of runID through its lane's queue and waits for its
-// answer, or for ctx to end. A caller that stops waiting does not withdraw
-// a step already sent: a guard's fence (NotAfter) is what keeps a guard
-// whose caller gave up from taking effect.
-func (b *batcher) do(ctx context.Context, s *Store, runID, op string, code byte, args stepArgs) (reply, error) {
-	st := &step{run: runID, op: op, code: code, args: args, ctx: ctx, done: make(chan struct{})}
+// do runs one step through its lane's queue and waits for its answer, or
+// for ctx to end. A caller that stops waiting does not withdraw a step
+// already sent: a guard's fence (NotAfter) is what keeps a guard whose
+// caller gave up from taking effect.
+func (b *batcher) do(ctx context.Context, s *Store, st *step) error {
+	st.ctx, st.done = ctx, make(chan struct{})
 	b.queue(s, st)
 	select {
 	case <-st.done:
-		return st.rep, st.err
+		return st.err
 	case <-ctx.Done():
-		return reply{}, s.fail(op, runID, ctx.Err())
+		return s.fail(st.op, st.run, ctx.Err())
 	}
 }
 
-// doLater queues one step of runID that nobody waits for; answered is
-// called with its answer.
-func (b *batcher) doLater(ctx context.Context, s *Store, runID, op string, code byte, args stepArgs, answered func(reply, error)) {
-	b.queue(s, &step{run: runID, op: op, code: code, args: args, ctx: ctx, done: make(chan struct{}), later: true, answered: answered})
+// doLater queues one step that nobody waits for; answered is called with
+// its error.
+func (b *batcher) doLater(ctx context.Context, s *Store, st *step, answered func(error)) {
+	st.ctx, st.done, st.later, st.answered = ctx, make(chan struct{}), true, answered
+	b.queue(s, st)
 }
 
 // queue puts st in its lane's queue, and sends the queue if st leads.
@@ -233,13 +217,9 @@ func (b *batcher) flush(s *Store, lane string, q *laneQueue, batch []*step) {
 	}
 }
 
-// send makes one call for the batch and hands each step its answer. Steps
-// whose callers already gave up are left out. The call's deadline is the
-// latest of its callers', and never more than OpTimeout away.
-//
-// The call holds the batch's steps grouped by run, each run's in the order
-// they queued, and a group's keys are the run's keys: the program sets the
-// run's keys before its steps, and answers every step in the order sent.
+// send decides and writes the batch and hands each step its answer.
+// Steps whose callers already gave up are left out. The calls' deadline is
+// the latest of its callers', and never more than OpTimeout away.
 func (b *batcher) send(s *Store, batch []*step) {
 	now := time.Now()
 	deadline := now.Add(s.opTimeout)
@@ -261,135 +241,13 @@ func (b *batcher) send(s *Store, batch []*step) {
 	if len(sent) == 0 {
 		return
 	}
-	sent = byRun(sent)
-	keys, args := batchCall(sent)
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
 	defer cancel()
-	v, err := s.exec(ctx, batchProgram, keys, args...).Result()
-	var answers []any
-	if err == nil {
-		var ok bool
-		if answers, ok = v.([]any); !ok || len(answers) != len(sent) {
-			err = errBatchReply
-		}
-	}
-	for i, st := range sent {
-		if err != nil {
-			st.err = s.fail(st.op, st.run, err)
-		} else if st.rep, st.err = parseReply(answers[i]); errors.As(st.err, new(groupError)) {
-			st.err = s.fail(st.op, st.run, st.err)
-		} else if st.err == nil && st.rep.row != nil {
-			s.known.add(st.run)
-		}
+	s.runSteps(ctx, sent)
+	for _, st := range sent {
 		st.answer(b)
 	}
 }
-
-// batchCall is the KEYS and ARGV of one call of the batch program for
-// steps grouped by run (byRun): the number of groups; the call's head, the
-// texts of its first guard (of its first step if none is a guard); then
-// each group's length and steps. A step whose texts are the head's sends
-// its code and its own arguments; one whose texts differ sends them too,
-// after the others, its code in upper case. Every argument costs Redis
-// its parsing, a string and a slot in ARGV, and the process a boxed value,
-// and an instance's steps share their texts: so a guard sends ten, not
-// thirteen.
-func batchCall(steps []*step) ([]string, []any) {
-	head := steps[0].args.texts
-	for _, st := range steps {
-		if st.code == 'g' {
-			head = st.args.texts
-			break
-		}
-	}
-	keys := make([]string, 0, 7)
-	args := make([]any, 4, 4+len(steps)*12)
-	args[1], args[2], args[3] = head.actor, head.owner, head.ttl
-	groups := 0
-	for i, st := range steps {
-		if i == 0 || st.run != steps[i-1].run {
-			groups++
-			keys = append(keys, keysOf(st.run).list()...)
-			args = append(args, runLength(steps[i:]))
-		}
-		t := st.args.texts
-		guard := st.code == 'g'
-		own := t.actor != head.actor || guard && (t.owner != head.owner || t.ttl != head.ttl)
-		args = append(args, stepCode(st.code, own))
-		args = append(args, st.args.own...)
-		switch {
-		case own && guard:
-			args = append(args, t.actor, t.owner, t.ttl)
-		case own:
-			args = append(args, t.actor)
-		}
-	}
-	args[0] = groups
-	return keys, args
-}
-
-// stepCode is a step's code in the call: upper case when the step sends
-// its own texts.
-func stepCode(code byte, own bool) string {
-	switch {
-	case code == 'g' && own:
-		return "G"
-	case code == 'g':
-		return "g"
-	case code == 'l' && own:
-		return "L"
-	case code == 'l':
-		return "l"
-	case own:
-		return "F"
-	}
-	return "f"
-}
-
-// byRun orders steps by run, the runs in the order of their first step and
-// each run's steps in the order they came: a run's steps keep their order,
-// and each run is one group of the call.
-func byRun(steps []*step) []*step {
-	out := make([]*step, 0, len(steps))
-	taken := make([]bool, len(steps))
-	for i, st := range steps {
-		if taken[i] {
-			continue
-		}
-		for j := i; j < len(steps); j++ {
-			if !taken[j] && steps[j].run == st.run {
-				taken[j] = true
-				out = append(out, steps[j])
-			}
-		}
-	}
-	return out
-}
-
-// runLength is how many steps at the head of steps belong to its first's run.
-func runLength(steps []*step) int {
-	n := 1
-	for n < len(steps) && steps[n].run == steps[0].run {
-		n++
-	}
-	return n
-}
-
-// groupError is the error a call met on the steps of one of its runs, and
-// only on those (lua/batch.lua runs each run's steps under pcall): it reads
-// as the same error from the server would have for a call of that run alone.
-type groupError string
-
-func (e groupError) Error() string { return string(e) }
-
-// RedisError marks it a reply of the server, as go-redis's own errors are.
-func (groupError) RedisError() {}
-
-type batchReplyError struct{}
-
-func (batchReplyError) Error() string { return "the batch program answered a reply of the wrong shape" }
-
-var errBatchReply error = batchReplyError{}
 
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {

@@ -39,12 +39,14 @@ func BenchmarkGuardFinish(b *testing.B) {
 // commands' own time, and how many there were).
 func measureRedis(b *testing.B, aof string, conns int, request func(s *redisstore.Store, i int)) {
 	srv := benchServer(b, "--appendonly", "yes", "--appendfsync", aof)
-	s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
 	admin := raw(b, srv.addr)
 	ctx := context.Background()
+	// Emptied before the store opens: emptied under it, the store would
+	// take the flush for a loss (marker.go) and refuse every guard.
 	if err := admin.FlushAll(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
+	s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{OpTimeout: benchTimeout()})
 	request(s, 0)
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
@@ -117,137 +119,6 @@ func BenchmarkGuardFinishManyRuns(b *testing.B) {
 	measureRedis(b, "everysec", 64, func(s *redisstore.Store, i int) {
 		guardFinish(b, s, fmt.Sprintf("bench-%d", i%64), i)
 	})
-}
-
-// BenchmarkBatchCall is the batch program alone, in calls of the same
-// shape every time, so that what Redis does per request can be counted
-// exactly (scripts/redis-instructions runs it under callgrind); an op is a
-// guarded request, its guard and its outcome:
-//   - "a step a call": the guard is one call, its outcome the next, as one
-//     connection makes them when the outcome is waited for (Finish);
-//   - "a request a call": each call holds a new guard and the previous
-//     request's outcome, as one connection makes them now that the proxy's
-//     outcome rides with the next guard (FinishLater);
-//   - "20 requests a call": each call holds 20 new guards and the outcomes
-//     of the previous call's 20, as 64 connections make them;
-//   - "20 requests a call, the same one": as a poll, every guard of the
-//     same derived base.
-func BenchmarkBatchCall(b *testing.B) {
-	for _, bc := range []struct {
-		name string
-		per  int
-		same bool
-		// split sends each outcome in a call of its own, as a caller
-		// that waits for it does (Finish); otherwise it rides with the
-		// next call's guards (FinishLater).
-		split bool
-		// inflight is how many intents of a run stay in flight between
-		// calls: each call records the outcomes of the oldest beyond it
-		// (per when zero: the previous call's).
-		inflight int
-		// runs is how many runs a call holds, per requests each (one
-		// when zero).
-		runs int
-	}{
-		{"a step a call", 1, false, true, 0, 0},
-		{"a request a call", 1, false, false, 0, 0},
-		{"20 requests a call", 20, false, false, 0, 0},
-		{"20 requests a call, the same one", 20, true, false, 0, 0},
-		// One run's 64 connections in make bench: about 7 a call.
-		{"7 requests a call, 64 in flight", 7, false, false, 64, 0},
-		// A fleet: 64 agents, a run each, one connection each, their
-		// requests joined in one call, a group per run.
-		{"64 runs a call, a request each", 1, false, false, 0, 64},
-	} {
-		if bc.inflight == 0 {
-			bc.inflight = bc.per
-		}
-		if bc.runs == 0 {
-			bc.runs = 1
-		}
-		runs := make([]string, bc.runs)
-		for r := range runs {
-			runs[r] = fmt.Sprintf("bench-%02d", r)
-		}
-		if bc.runs == 1 {
-			runs[0] = "bench"
-		}
-		b.Run(bc.name, func(b *testing.B) {
-			ctx := context.Background()
-			inFlight := make([][]string, bc.runs)
-			measureRedis(b, "everysec", 1, func(s *redisstore.Store, i int) {
-				if i%(bc.per*bc.runs) != 0 {
-					return // this request's steps went in an earlier call
-				}
-				// A run's outcomes come first in its call: a connection's
-				// outcome is queued when its answer ends, before its next
-				// request's guard, as the batcher joins them.
-				steps := make([][]redisstore.BatchStep, bc.runs)
-				outcomes := make([]int, bc.runs)
-				for r, run := range runs {
-					done := max(0, len(inFlight[r])-(bc.inflight-bc.per))
-					// An outcome the proxy waits for is 'f'; one that
-					// rides with the next call nobody waits for ('l').
-					code := byte('l')
-					if bc.split {
-						code = 'f'
-					}
-					for _, key := range inFlight[r][:done] {
-						steps[r] = append(steps[r], redisstore.BatchStep{Code: code, Finish: state.FinishRequest{Key: key, Attempt: 1,
-							Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:bench-host-1234"}})
-					}
-					inFlight[r] = inFlight[r][done:]
-					outcomes[r] = done
-					for k := range bc.per {
-						base := fmt.Sprintf("d-0123456789abcdef%08d", i+r*bc.per+k)
-						if bc.same {
-							base = "d-0123456789abcdef01234567"
-						}
-						steps[r] = append(steps[r], redisstore.BatchStep{Code: 'g', Guard: state.GuardRequest{Key: base, Boundary: state.BoundaryHTTP,
-							Method: "GET", Target: "http://127.0.0.1:8000/small", AutoAdmit: true,
-							LeaseOwner: "proxy:bench-host-1234", LeaseTTL: 15 * time.Second, Actor: "proxy:bench-host-1234",
-							NotAfter: time.Now().Add(benchTimeout())}})
-					}
-					if i == 0 {
-						// A fresh server (measureRedis's warm-up): the run
-						// is admitted by its first guard, on its own, whose
-						// outcome goes with the next call.
-						g := steps[r][0].Guard
-						g.RunID = run
-						res, err := s.Guard(ctx, g)
-						if err != nil {
-							b.Fatal(err)
-						}
-						inFlight[r] = []string{res.Intent.Key}
-					}
-				}
-				if bc.split {
-					// One run, each outcome in a call of its own, then its
-					// guards in one.
-					var err error
-					for k := 0; err == nil && k < outcomes[0]; k++ {
-						_, err = s.CallBatch(ctx, runs[0], steps[0][k:k+1])
-					}
-					var keys []string
-					if err == nil {
-						keys, err = s.CallBatch(ctx, runs[0], steps[0][outcomes[0]:])
-					}
-					if err != nil {
-						b.Fatalf("request %d: %v", i, err)
-					}
-					inFlight[0] = append(inFlight[0], keys...)
-					return
-				}
-				keys, err := s.CallRuns(ctx, runs, steps)
-				if err != nil {
-					b.Fatalf("request %d: %v", i, err)
-				}
-				for r := range runs {
-					inFlight[r] = append(inFlight[r], keys[r][outcomes[r]:]...)
-				}
-			})
-		})
-	}
 }
 
 // procCPU is the user and system time the process has used.

@@ -116,4 +116,9 @@ func TestSentinel(t *testing.T) {
 		}
 		return open(t, url, redisstore.Options{})
 	})
+	// The probe of who may read the store asks the master the Sentinel names.
+	x := must(open(t, url, redisstore.Options{}).Exposure(tctx(t)))(t)
+	if x.Auth != redisstore.AuthOpen || !strings.Contains(x.AuthDetail, master.Addr()) {
+		t.Fatalf("exposure through the Sentinel: %+v, want the master %s, open", x, master.Addr())
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,34 +41,6 @@ const pruneGrace = 10 * time.Minute
 // indexLayout is the index layout this store writes; Open folds an older
 // one into it (layout.lua).
 const indexLayout = "2"
-
-// maxKnown bounds the memory of the known-rows cache; when full it starts
-// over, which costs one extra index round trip per run.
-const maxKnown = 1 << 16
-
-// knownRuns remembers ids whose row this process has seen exist. Such an id
-// is in the index already (rows are created only after their index entry),
-// so an auto-admitting guard can skip the index step.
-type knownRuns struct {
-	mu sync.Mutex
-	m  map[string]struct{}
-}
-
-func (k *knownRuns) has(id string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	_, ok := k.m[id]
-	return ok
-}
-
-func (k *knownRuns) add(id string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.m == nil || len(k.m) >= maxKnown {
-		k.m = map[string]struct{}{}
-	}
-	k.m[id] = struct{}{}
-}
 
 // indexEntry names one index key and how the index script scores the id
 // there (index.lua: 't' now, 'n' now unless present, '0' zero).
@@ -400,7 +371,7 @@ func (s *Store) Prune(ctx context.Context, req state.PruneRequest) (int, error) 
 		for i, z := range zs {
 			ids[i] = z.Member.(string)
 		}
-		rows, err := s.statuses(ctx, "prune", ids, "status", "updated")
+		rows, err := s.statuses(ctx, "prune", ids, "status", "updated", "t")
 		if err != nil {
 			return pruned, err
 		}
@@ -425,7 +396,7 @@ func (s *Store) Prune(ctx context.Context, req state.PruneRequest) (int, error) 
 			if pruned == req.Limit {
 				continue
 			}
-			ok, err := s.pruneRun(ctx, id, before, zs[i].Score)
+			ok, err := s.pruneRun(ctx, id, row, zs[i].Score)
 			if err != nil {
 				return pruned, err
 			}
@@ -446,11 +417,14 @@ func (s *Store) Prune(ctx context.Context, req state.PruneRequest) (int, error) 
 // pruneRun prunes one run: its ended entry leaves first, so that a refusal
 // recorded against it after the prune puts one back (indexEnd); if the
 // run's step fails, the entry is put back.
-func (s *Store) pruneRun(ctx context.Context, id string, before int64, score float64) (bool, error) {
+func (s *Store) pruneRun(ctx context.Context, id string, row []string, score float64) (bool, error) {
 	if err := s.rdb.ZRem(ctx, endedKey, id).Err(); err != nil {
 		return false, s.fail("prune", id, err)
 	}
-	n, err := s.exec(ctx, pruneProgram, keysOf(id).list(), before).Int()
+	// The row's status and last step as read: anything recorded against
+	// the run since (a refusal of its agent) leaves it for the next prune.
+	args := append([]any{row[0], row[2], s.clock().UnixMilli()}, anys(rowFields)...)
+	n, err := s.exec(ctx, pruneProgram, keysOf(id).list(), args...).Int()
 	if err != nil {
 		if err2 := s.rdb.ZAddNX(ctx, endedKey, redis.Z{Score: score, Member: id}).Err(); err2 != nil {
 			s.log.Warn("a run's retention entry was not put back after its prune failed; its records stay until something is recorded against it", "run_id", id, "err", err2)

@@ -217,3 +217,70 @@ func decodeLegacy(runID, key, raw string) (state.Intent, int64, error) {
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// The record's two fields as stored, made from an intent: what decodeIntent
+// reads back. imm's creation ordinal goes between immHead and immTail,
+// where the program that writes a new record puts the run's next one.
+func immHead(in state.Intent) string {
+	return string(in.Boundary) + " " + strconv.FormatInt(in.CreatedAt.UnixMilli(), 10) + " "
+}
+
+func immTail(in state.Intent) string {
+	return " " + strconv.FormatInt(in.ObservedVersion, 10) + "\n" + escape(in.Method) + "\n" + escape(in.Target) + "\n" + escape(in.BodyDigest)
+}
+
+func immText(in state.Intent, ord int64) string {
+	return immHead(in) + strconv.FormatInt(ord, 10) + immTail(in)
+}
+
+// mutHead is the start of s:KEY that names the record's state, attempt and
+// refusals: what an expectation of them checks.
+func mutHead(st state.IntentState, attempts, refusals int) string {
+	return string(st) + " " + strconv.Itoa(attempts) + " " + strconv.Itoa(refusals) + " "
+}
+
+func mutText(in state.Intent) string {
+	var lease int64
+	if !in.LeaseExpires.IsZero() {
+		lease = in.LeaseExpires.UnixMilli()
+	}
+	nb := "-"
+	if !in.NotBefore.IsZero() {
+		nb = strconv.FormatInt(in.NotBefore.UnixMilli(), 10)
+	}
+	return mutHead(in.State, in.Attempts, in.Refusals) + strconv.Itoa(in.StatusCode) + " " + strconv.FormatInt(lease, 10) + " " +
+		strconv.FormatInt(in.UpdatedAt.UnixMilli(), 10) + " " + nb + "\n" +
+		escape(in.LeaseOwner) + "\n" + escape(in.Reason) + "\n" + escape(in.Source) + "\n" + escape(in.Note)
+}
+
+// eventLine is one event as an entry of the audit stream holds it: "kind
+// version from to intent", then actor and reason, escaped (eventsOf).
+func eventLine(e state.Event) string {
+	return e.Kind + " " + strconv.FormatInt(e.Version, 10) + " " + e.From + " " + e.To + " " + e.Intent + "\n" +
+		escape(e.Actor) + "\n" + escape(e.Reason)
+}
+
+// countField is the row's field counting intents in st.
+func countField(st state.IntentState) string {
+	switch st {
+	case state.IntentInFlight:
+		return "n:IN_FLIGHT"
+	case state.IntentScheduled:
+		return "n:SCHEDULED"
+	case state.IntentResponded:
+		return "n:RESPONDED"
+	case state.IntentNotSent:
+		return "n:NOT_SENT"
+	case state.IntentUnknown:
+		return "n:UNKNOWN"
+	case state.IntentCancelledBeforeDispatch:
+		return "n:CANCELLED_BEFORE_DISPATCH"
+	case state.IntentRevoked:
+		return "n:REVOKED"
+	case state.IntentApplied:
+		return "n:APPLIED"
+	case state.IntentNotApplied:
+		return "n:NOT_APPLIED"
+	}
+	return "n:" + string(st)
+}

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/stopgate/stopgate/state"
 )
 
 // TestCutTakesExactlyTheRecordsParts: a record's line or field list is
@@ -45,69 +43,6 @@ func BenchmarkDecodeIntent(b *testing.B) {
 	}
 }
 
-// TestParseCommonReadsTheBatchsOneStringAnswers: a step on the batch's
-// common path answers one string, a guard's one line (its key and time),
-// an outcome's its head line then the record's two fields; anything else
-// is an error that quotes it, never a half-read record.
-func TestParseCommonReadsTheBatchsOneStringAnswers(t *testing.T) {
-	const imm, mut = "http 1 2 0\nGET\nhttps://a.example/x\n", "IN_FLIGHT 1 0 0 9 1 -\nowner\n\n\n"
-	for _, tc := range []struct {
-		in             string
-		key, status, v string
-		at             int64 // a guard's time
-		wantErr        bool
-	}{
-		{in: "admitted ACTIVE 3 k.2 1764552972579", key: "k.2", status: "ACTIVE", v: "3", at: 1764552972579},
-		{in: "recorded k\n" + imm + "\n" + mut, key: "k"},
-		{in: "admitted ACTIVE 3 1764552972579", wantErr: true},       // no key
-		{in: "admitted ACTIVE 3 k.2", wantErr: true},                 // no time
-		{in: "admitted ACTIVE 3 k.2 soon", wantErr: true},            // a time that is not one
-		{in: "admitted ACTIVE 3 k.2 1764552972579 x", wantErr: true}, // more than a guard's
-		{in: "recorded k extra\n" + imm + "\n" + mut, wantErr: true}, // more than a key
-		{in: "refused k\n" + imm + "\n" + mut, wantErr: true},        // not a common step
-		{in: "recorded k\nhttp 1 2 0\nGET", wantErr: true},           // the record cut short
-		{in: "recorded k", wantErr: true},                            // no record
-		{in: "recorded"},                                             // an outcome nobody waits for
-		{in: "", wantErr: true},
-	} {
-		r, err := parseCommon(tc.in)
-		if tc.wantErr {
-			if err == nil {
-				t.Errorf("%q: read as %+v; want an error", tc.in, r)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%q: %v", tc.in, err)
-			continue
-		}
-		if r.result != "ok" || !r.changed {
-			t.Errorf("%q: read as %+v; want ok and changed", tc.in, r)
-		}
-		if tc.at != 0 {
-			if r.admitted.key != tc.key || r.admitted.at != tc.at || r.intent != nil {
-				t.Errorf("%q: read as %+v, admission %+v", tc.in, r, r.admitted)
-			}
-			if r.row["status"] != tc.status || r.row["v"] != tc.v {
-				t.Errorf("%q: row %v; want status %q, version %q", tc.in, r.row, tc.status, tc.v)
-			}
-			continue
-		}
-		if tc.key == "" {
-			// An outcome nobody waits for: ok, and nothing else.
-			if r.intent != nil || r.admitted.key != "" || r.row != nil {
-				t.Errorf("%q: read as %+v; want no record", tc.in, r)
-			}
-			continue
-		}
-		if r.intent == nil || r.intent.key != tc.key || r.intent.imm != imm || r.intent.mut != mut || r.row != nil || r.admitted.key != "" {
-			t.Errorf("%q: read as %+v, record %+v", tc.in, r, r.intent)
-		}
-	}
-}
-
-// escape is the scripts' esc: what it makes, unescape reads back, and a
-// text without a newline or a backslash is sent as it is.
 func TestEscapeIsReadBackByUnescape(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"https://api.example/x?q=1", "https://api.example/x?q=1"},
@@ -158,28 +93,6 @@ func TestEventsOfReadsEveryEventOfAnEntry(t *testing.T) {
 		got = strings.ReplaceAll(got, `"`, "'")
 		if got != tc.want {
 			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
-		}
-	}
-}
-
-// A guard's flags and boundary go out as constants; each must be the text
-// the programs read: explicit key, auto-admit, allow cancelling, a
-// character each in that order, and the boundary's own name.
-func TestGuardArgumentsSpellFlagsAndBoundary(t *testing.T) {
-	for _, e := range []bool{false, true} {
-		for _, a := range []bool{false, true} {
-			for _, c := range []bool{false, true} {
-				req := state.GuardRequest{ExplicitKey: e, AutoAdmit: a, AllowCancelling: c}
-				if got, want := guardFlags(req), flag(e)+flag(a)+flag(c); got != want {
-					t.Errorf("explicit %v, auto %v, cancelling %v: flags %v; want %q", e, a, c, got, want)
-				}
-			}
-		}
-	}
-	for _, b := range []state.Boundary{state.BoundaryHTTP, state.BoundaryTunnel, state.BoundaryClaim, state.BoundaryRetry,
-		state.BoundaryBrowser, state.BoundaryDelivery, state.BoundaryCustom, "not-one-of-ours"} {
-		if got := boundaryArg(b); got != string(b) {
-			t.Errorf("boundary %q sent as %v", b, got)
 		}
 	}
 }

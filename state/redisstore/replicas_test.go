@@ -74,6 +74,23 @@ func TestClusterOfThreeMasters(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("ExposureAsksEveryMaster", func(t *testing.T) {
+		ctx := tctx(t)
+		s := open(t, cluster.URL(), redisstore.Options{})
+		if x := must(s.Exposure(ctx))(t); x.Auth != redisstore.AuthOpen || x.Eviction != "noeviction" {
+			t.Fatalf("exposure of the cluster: %+v", x)
+		}
+		// One master of three evicts: the cluster does.
+		last := raw(t, cluster.Nodes[2].Addr())
+		if err := last.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+			t.Fatal(err)
+		}
+		defer last.ConfigSet(ctx, "maxmemory-policy", "noeviction")
+		if x := must(s.Exposure(ctx))(t); x.Eviction != "volatile-lru" {
+			t.Fatalf("exposure of a cluster with one evicting master: %+v", x)
+		}
+	})
 }
 
 // replicated is a primary with one replica linked through a relay (so the

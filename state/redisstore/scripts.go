@@ -13,31 +13,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua sources. Each per-run operation is one program, run atomically by
-// Redis; the prelude holds the rules several of them share and the steps
-// the two operations on every effect's path, so those rules are written
-// once.
+// The Lua sources. Each program writes (apply, prune) or reads (read) one
+// or more runs in one atomic step of the server; none of them decides
+// anything: the rules are package machine's, in Go.
 var (
-	//go:embed lua/prelude.lua
-	preludeLua string
-	//go:embed lua/steps.lua
-	stepsLua string
-	//go:embed lua/batch.lua
-	batchLua string
-	//go:embed lua/admit.lua
-	admitLua string
-	//go:embed lua/cancel.lua
-	cancelLua string
-	//go:embed lua/complete.lua
-	completeLua string
-	//go:embed lua/resolve.lua
-	resolveLua string
-	//go:embed lua/tick.lua
-	tickLua string
-	//go:embed lua/renew.lua
-	renewLua string
-	//go:embed lua/note.lua
-	noteLua string
+	//go:embed lua/apply.lua
+	applyLua string
+	//go:embed lua/read.lua
+	readLua string
 	//go:embed lua/prune.lua
 	pruneLua string
 	//go:embed lua/index.lua
@@ -48,43 +31,30 @@ var (
 	layoutLua string
 )
 
-// A program is one per-run operation. Redis runs it as a function of
-// stopgate's library (FCALL): the prelude's helpers are defined once, when
-// the library loads, instead of on every call as a script's are. Where
-// Redis has no functions (before 7.0) or refuses to load them (an ACL
-// without FUNCTION), the same code runs as a script: EVALSHA, and the full
-// source on NOSCRIPT.
-//
-// A program's lib is code of its own that the library runs once, when it
-// loads, as it runs the prelude: tables a call refills rather than makes
-// afresh (batch.lua). As a script, it runs on every call.
+// A program is one function of stopgate's library: its source defines a
+// local function of its name, taking KEYS and ARGV. Redis runs it as a
+// function of the library (FCALL); where Redis has no functions (before
+// 7.0) or refuses to load them (an ACL without FUNCTION), the same code
+// runs as a script: EVALSHA, and the full source on NOSCRIPT.
 type program struct {
 	name   string
-	lib    string
-	body   string
+	code   string
 	script *redis.Script
+	// function is its name in the library (library.function).
+	function string
 }
 
-func newProgram(name, lib, body string) *program {
-	return &program{name: name, lib: lib, body: body,
-		script: redis.NewScript(preludeLua + "\n" + stepsLua + "\n" + lib + "\nbegin(KEYS, ARGV)\n" + body)}
+func newProgram(name, code string) *program {
+	return &program{name: name, code: code, script: redis.NewScript(code + "\nreturn " + name + "(KEYS, ARGV)\n")}
 }
 
 var (
-	batchProgram    = newProgram("batch", batchLua, "return batch(KEYS)")
-	admitProgram    = newProgram("admit", "", admitLua)
-	cancelProgram   = newProgram("cancel", "", cancelLua)
-	completeProgram = newProgram("complete", "", completeLua)
-	resolveProgram  = newProgram("resolve", "", resolveLua)
-	tickProgram     = newProgram("tick", "", tickLua)
-	renewProgram    = newProgram("renew", "", renewLua)
-	noteProgram     = newProgram("note", "", noteLua)
-	pruneProgram    = newProgram("prune", "", pruneLua)
-	programs        = []*program{batchProgram, admitProgram, cancelProgram, completeProgram,
-		resolveProgram, tickProgram, renewProgram, noteProgram, pruneProgram}
+	applyProgram = newProgram("apply", applyLua)
+	readProgram  = newProgram("read", readLua)
+	pruneProgram = newProgram("prune", pruneLua)
+	programs     = []*program{applyProgram, readProgram, pruneProgram}
 
-	// The index scripts touch the cross-run indexes, not a run: scripts
-	// without the prelude.
+	// The index scripts touch the cross-run indexes, not a run.
 	indexScript   = redis.NewScript(indexLua)
 	unindexScript = redis.NewScript(unindexLua)
 	layoutScript  = redis.NewScript(layoutLua)
@@ -95,6 +65,12 @@ var (
 // call their own functions and never replace each other's.
 var library = buildLibrary()
 
+func init() {
+	for _, p := range programs {
+		p.function = library.function(p)
+	}
+}
+
 type lib struct {
 	name string // library name, also the prefix of every function
 	code string
@@ -102,12 +78,11 @@ type lib struct {
 
 func buildLibrary() lib {
 	var b strings.Builder
-	b.WriteString(preludeLua + "\n" + stepsLua + "\n")
 	for _, p := range programs {
-		b.WriteString(p.lib + "\n")
+		b.WriteString(p.code + "\n")
 	}
 	for _, p := range programs {
-		fmt.Fprintf(&b, "redis.register_function('%%s_%s', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend)\n", p.name, p.body)
+		fmt.Fprintf(&b, "redis.register_function('%%s_%s', %s)\n", p.name, p.name)
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	name := "stopgate_" + hex.EncodeToString(sum[:6])
@@ -128,6 +103,10 @@ func (f *functions) on() bool {
 	defer f.mu.Unlock()
 	return f.enabled
 }
+
+// Functions reports whether the store runs its programs as functions of
+// its library (true) or as scripts, where Redis refused the library.
+func (s *Store) Functions() bool { return s.fns.on() }
 
 // loadLibrary loads the function library into every master. A Redis
 // without functions, or a user not allowed FUNCTION, leaves the store on
@@ -178,13 +157,36 @@ func functionMissing(err error) bool {
 	return err != nil && strings.Contains(strings.ToLower(err.Error()), "function not found")
 }
 
+// execBuilt is exec for arguments built after room for the command's
+// head (headRoom), which it fills: the arguments are not copied again.
+func (s *Store) execBuilt(ctx context.Context, p *program, keys []string, cmd []any) *redis.Cmd {
+	head := headRoom(keys)
+	if !s.fns.on() {
+		return s.exec(ctx, p, keys, cmd[head:]...)
+	}
+	cmd[0], cmd[1], cmd[2] = "fcall", p.function, len(keys)
+	for i, k := range keys {
+		cmd[3+i] = k
+	}
+	c := redis.NewCmd(ctx, cmd...)
+	if len(keys) > 0 {
+		// The cluster client routes by the first key.
+		c.SetFirstKeyPos(3)
+	}
+	_ = s.rdb.Process(ctx, onceCmd{c})
+	if functionMissing(c.Err()) {
+		return s.exec(ctx, p, keys, cmd[head:]...)
+	}
+	return c
+}
+
 // exec runs one program on keys. A function found missing is loaded again
 // and called once more: it had not run.
 func (s *Store) exec(ctx context.Context, p *program, keys []string, args ...any) *redis.Cmd {
 	if !s.fns.on() {
 		return p.script.Run(ctx, s.scripter, keys, args...)
 	}
-	cmd := s.scripter.fcall(ctx, library.function(p), keys, args)
+	cmd := s.scripter.fcall(ctx, p.function, keys, args)
 	if functionMissing(cmd.Err()) {
 		if err := s.loadLibrary(ctx); err != nil {
 			return cmd
@@ -192,7 +194,7 @@ func (s *Store) exec(ctx context.Context, p *program, keys []string, args ...any
 		if !s.fns.on() {
 			return p.script.Run(ctx, s.scripter, keys, args...)
 		}
-		cmd = s.scripter.fcall(ctx, library.function(p), keys, args)
+		cmd = s.scripter.fcall(ctx, p.function, keys, args)
 	}
 	return cmd
 }

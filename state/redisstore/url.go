@@ -81,6 +81,30 @@ func parseURL(raw string) (target, error) {
 	}
 }
 
+// withPassword makes p the password of the data nodes (of every URL form:
+// the node, the Sentinels' master, every cluster node), for a password
+// kept out of the URL; "" leaves the URL's. A URL that has one too is an
+// error: two passwords, one of them wrong, is a mistake to say, not to
+// settle.
+func (t *target) withPassword(p string) error {
+	if p == "" {
+		return nil
+	}
+	if t.password != "" || (t.node != nil && t.node.Password != "") {
+		return errors.New("it has a password, and a store password is given besides (a file or the environment): give one")
+	}
+	t.password = p
+	if t.node != nil {
+		t.node.Password = p
+	}
+	return nil
+}
+
+// HasSecret reports whether a store URL holds a secret (a password, or a
+// query parameter Redact hides): a URL on a command line shows it to
+// every user of the machine.
+func HasSecret(raw string) bool { return Redact(raw) != raw }
+
 // parseMultiHost reads "[[user]:pass@]host:port[,host:port...][/DB][?query]".
 // net/url cannot: it takes a comma-separated host list for one malformed host.
 func parseMultiHost(rest, what string) (target, url.Values, error) {
@@ -200,8 +224,18 @@ func secretParam(name string) bool {
 
 // CheckURL reports what is wrong with a store URL without connecting; the
 // error wraps state.ErrInvalid and shows the URL redacted.
-func CheckURL(raw string) error {
-	if _, err := parseURL(raw); err != nil {
+func CheckURL(raw string) error { return CheckURLWithPassword(raw, "") }
+
+// CheckURLWithPassword is CheckURL for a URL used with a password given
+// apart (Options.Password).
+func CheckURLWithPassword(raw, password string) error {
+	t, err := parseURL(raw)
+	if err == nil {
+		if err = t.withPassword(password); err != nil {
+			err = fmt.Errorf("store URL %q: %w", Redact(raw), err)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", state.ErrInvalid, err)
 	}
 	return nil

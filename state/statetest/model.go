@@ -83,6 +83,10 @@ func (v modelView) Intent(key string) (state.Intent, bool, error) {
 	return in.rec, true, nil
 }
 
+func (v modelView) Taken(key string) (bool, error) {
+	return v.r != nil && v.r.intents[key] != nil, nil
+}
+
 func (v modelView) Derived(base string) (int64, error) {
 	if v.r == nil {
 		return 0, nil
@@ -121,6 +125,9 @@ func (m *Model) step(id string, rule func(v machine.View, now time.Time) (*machi
 	if err != nil || mut == nil {
 		return err
 	}
+	if deadline, late := machine.Late(mut, m.now(nil)); late {
+		return fmt.Errorf("model: guard run %s: %w: its deadline %s passed before its turn; nothing was recorded", id, state.ErrUnavailable, deadline)
+	}
 	if err := m.check(r, mut); err != nil {
 		panic(err)
 	}
@@ -142,6 +149,8 @@ func (m *Model) check(r *modelRun, mut *machine.Mutation) error {
 			ok = r != nil && r.row.CancelVersion == e.N
 		case machine.ExpectCount:
 			ok = r != nil && int64(r.row.Intents[e.State]) == e.N
+		case machine.ExpectCountAtLeast:
+			ok = r != nil && int64(r.row.Intents[e.State]) >= e.N
 		case machine.ExpectIntentAbsent:
 			ok = r == nil || r.intents[e.Key] == nil
 		case machine.ExpectIntentPresent, machine.ExpectIntent:
@@ -152,7 +161,7 @@ func (m *Model) check(r *modelRun, mut *machine.Mutation) error {
 		case machine.ExpectDerived:
 			ok = r != nil && r.derived[e.Key] == e.N
 		case machine.ExpectNotAfter:
-			ok = !mut.Now.After(e.Time)
+			// The clock's, checked by step.
 		}
 		if !ok {
 			return fmt.Errorf("model: run %s: a rule expected %+v, which does not hold of what it read", mut.RunID, e)
@@ -171,11 +180,11 @@ func (m *Model) apply(id string, r *modelRun, mut *machine.Mutation) {
 		r.row = mut.Row
 		r.row.Intents, r.row.PrunedAt = counts, pruned
 	}
-	for st, d := range mut.Counts {
+	mut.Counts.Each(func(st state.IntentState, d int) {
 		if r.row.Intents[st] += d; r.row.Intents[st] == 0 {
 			delete(r.row.Intents, st)
 		}
-	}
+	})
 	for _, w := range mut.Intents {
 		in := r.intents[w.Rec.Key]
 		if in == nil {

@@ -1,8 +1,10 @@
 // Package stores opens the state.Store a configuration names: the embedded
 // store in a data directory when no URL is given, the Redis store for a
 // redis://, rediss://, redis-sentinel:// or redis-cluster:// URL. It says
-// what it opened and whether an acknowledged cancel survives a crash of the
-// store, and refuses a store that may lose one when durability is required.
+// what it opened, whether an acknowledged cancel survives a crash of the
+// store, and what else could take one away (a Redis that asks no password,
+// one that evicts keys, one whose marker says it was reset), and refuses a
+// store that may lose one when durability is required.
 //
 // It owns the one way a store URL is shown (Redact): no password of any URL
 // form ever reaches a log line or an error through it. It never serves
@@ -41,8 +43,16 @@ type Config struct {
 	// CancelReplicas makes a Redis cancel wait until that many replicas
 	// have it (WAIT) before it is acknowledged; 0: the primary's word.
 	CancelReplicas int
-	Logger         *slog.Logger
+	// Password authenticates to Redis in place of one in the URL (read
+	// from a file or the environment, so that no command line shows it).
+	Password string
+	Logger   *slog.Logger
 }
+
+// MarkerFile is where a Redis store keeps, in the data directory, what it
+// saw of the store's marker (redisstore.Options.MarkerFile), so that a
+// restart after Redis was emptied still knows it saw one.
+const MarkerFile = "redis-marker.json"
 
 // Opened is an open store and what is known of it.
 type Opened struct {
@@ -56,6 +66,10 @@ type Opened struct {
 	Durable bool
 	// Durability says so in words, for the start-up log.
 	Durability string
+	// Warnings are what else may take an acknowledged cancel away, a
+	// sentence each, for the start-up log: a Redis that asks no password,
+	// one that evicts keys, a store whose marker says it was reset.
+	Warnings []string
 	// Addrs are the store's network addresses as the URL names them
 	// (host:port, the default port filled in) and each host resolved, so
 	// that the egress proxy can refuse them; none for the embedded store.
@@ -70,6 +84,10 @@ var ErrNotDurable = errors.New("the store may lose an acknowledged cancel")
 // Redact hides every secret of a store URL: see redisstore.Redact.
 func Redact(url string) string { return redisstore.Redact(url) }
 
+// HasSecret reports whether a store URL holds a password or another
+// secret, which a command line would show to every user of the machine.
+func HasSecret(url string) bool { return redisstore.HasSecret(url) }
+
 // Check reports what is wrong with cfg without opening anything. Its
 // errors wrap state.ErrInvalid and never show a password.
 func Check(cfg Config) error {
@@ -77,6 +95,9 @@ func Check(cfg Config) error {
 		return fmt.Errorf("%w: cancel replicas %d is negative", state.ErrInvalid, cfg.CancelReplicas)
 	}
 	if cfg.URL == "" {
+		if cfg.Password != "" {
+			return fmt.Errorf("%w: a store password needs a Redis store URL: the embedded store has none", state.ErrInvalid)
+		}
 		if cfg.DataDir == "" {
 			return fmt.Errorf("%w: no store URL and no data directory for the embedded store", state.ErrInvalid)
 		}
@@ -94,7 +115,7 @@ func Check(cfg Config) error {
 	case host(rest) == "":
 		return fmt.Errorf("%w: %s has no host; want redis://HOST:PORT/DB", state.ErrInvalid, Redact(cfg.URL))
 	}
-	return redisstore.CheckURL(cfg.URL)
+	return redisstore.CheckURLWithPassword(cfg.URL, cfg.Password)
 }
 
 // host is the servers part of a URL after its scheme: the authority
@@ -147,7 +168,11 @@ func openEmbedded(cfg Config) (Opened, error) {
 
 func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 	where := Redact(cfg.URL)
-	s, err := redisstore.Open(ctx, cfg.URL, redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout, CancelReplicas: cfg.CancelReplicas})
+	opts := redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout, CancelReplicas: cfg.CancelReplicas, Password: cfg.Password}
+	if cfg.DataDir != "" {
+		opts.MarkerFile = filepath.Join(cfg.DataDir, MarkerFile)
+	}
+	s, err := redisstore.Open(ctx, cfg.URL, opts)
 	if err != nil {
 		if errors.Is(err, state.ErrInvalid) {
 			return Opened{}, err
@@ -168,6 +193,20 @@ func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 	if cfg.RequireDurable && !out.Durable {
 		_ = s.Close()
 		return Opened{}, fmt.Errorf("%w: Redis at %s: %s; set appendonly yes and appendfsync always", ErrNotDurable, where, out.Durability)
+	}
+	if x, err := s.Exposure(ctx); err != nil {
+		out.Warnings = []string{"could not tell whether Redis asks for a password and whether it evicts keys: " + err.Error()}
+	} else {
+		out.Warnings = x.Problems()
+	}
+	if cfg.RequireDurable && len(out.Warnings) > 0 {
+		_ = s.Close()
+		return Opened{}, fmt.Errorf("%w: Redis at %s: %s", ErrNotDurable, where, strings.Join(out.Warnings, "; and "))
+	}
+	if m, err := s.Marker(ctx); err == nil && m.State == redisstore.MarkerReset {
+		out.Warnings = append(out.Warnings, "the store's marker says it lost writes it had acknowledged (reset at "+
+			m.ResetAt.UTC().Format(time.RFC3339)+" by "+m.ResetBy+": "+m.ResetReason+"): every admission is refused until an operator "+
+			"re-cancels the runs that were lost and acknowledges the reset (stopgate store acknowledge-reset --reason R)")
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/stores"
 )
@@ -133,5 +134,80 @@ func TestCancelReplicasNeedsReplicas(t *testing.T) {
 	}
 	if err := stores.Check(stores.Config{URL: "redis://127.0.0.1:6379/0", CancelReplicas: 1}); err != nil {
 		t.Fatalf("Check of a Redis store waiting for 1 replica = %v", err)
+	}
+}
+
+// TestOpenSaysWhatElseCouldLoseACancel: a Redis that asks no password, or
+// that evicts keys, is named in the warnings serve logs at start, and
+// --require-durable refuses it, as it refuses a Redis without fsync.
+func TestOpenSaysWhatElseCouldLoseACancel(t *testing.T) {
+	const password = "pw-0123456789abcdef"
+	for _, tc := range []struct {
+		name string
+		opts redisserver.Options
+		says []string
+	}{
+		{"no password", redisserver.Options{AppendFsyncAlways: true}, []string{"asks no password"}},
+		{"allkeys-lru", redisserver.Options{AppendFsyncAlways: true, Password: password, Args: []string{"--maxmemory-policy", "allkeys-lru"}},
+			[]string{"evicts keys", "allkeys-lru"}},
+		{"both", redisserver.Options{AppendFsyncAlways: true, Args: []string{"--maxmemory-policy", "volatile-ttl"}},
+			[]string{"asks no password", "volatile-ttl"}},
+		{"neither", redisserver.Options{AppendFsyncAlways: true, Password: password}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redisserver.Start(t, tc.opts)
+			ctx := context.Background()
+			quiet := slog.New(slog.DiscardHandler)
+			o, err := stores.Open(ctx, stores.Config{URL: srv.URL(), DataDir: t.TempDir(), Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			warnings := strings.Join(o.Warnings, "\n")
+			_ = o.Store.Close()
+			if (warnings == "") != (tc.says == nil) {
+				t.Fatalf("warnings %q, want them to say %q", warnings, tc.says)
+			}
+			for _, say := range tc.says {
+				if !strings.Contains(warnings, say) {
+					t.Errorf("warnings %q do not say %q", warnings, say)
+				}
+			}
+			o, err = stores.Open(ctx, stores.Config{URL: srv.URL(), DataDir: t.TempDir(), RequireDurable: true, Logger: quiet})
+			if tc.says == nil {
+				if err != nil {
+					t.Fatalf("require durable on a Redis with a password, noeviction and fsync always: %v", err)
+				}
+				_ = o.Store.Close()
+				return
+			}
+			if !errors.Is(err, stores.ErrNotDurable) || !strings.Contains(err.Error(), tc.says[0]) || strings.Contains(err.Error(), password) {
+				t.Fatalf("require durable: %v; want ErrNotDurable saying %q, without the password", err, tc.says[0])
+			}
+		})
+	}
+}
+
+// TestAStorePasswordReachesRedis: the password given apart (a file or the
+// environment, for serve) authenticates to a Redis that requires one; it
+// is refused with the embedded store, and beside a URL that has one.
+func TestAStorePasswordReachesRedis(t *testing.T) {
+	const password = "pw-0123456789abcdef"
+	srv := redisserver.Start(t, redisserver.Options{Password: password})
+	bare := "redis://" + srv.Addr() + "/0"
+	o, err := stores.Open(context.Background(), stores.Config{URL: bare, Password: password, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("open with the password given apart: %v", err)
+	}
+	_ = o.Store.Close()
+	for name, cfg := range map[string]stores.Config{
+		"embedded":      {DataDir: t.TempDir(), Password: password},
+		"two passwords": {URL: srv.URL(), Password: "another-one-0123"},
+	} {
+		if err := stores.Check(cfg); !errors.Is(err, state.ErrInvalid) || strings.Contains(err.Error(), password) {
+			t.Errorf("%s: Check = %v, want ErrInvalid without the password", name, err)
+		}
+	}
+	if !stores.HasSecret(srv.URL()) || stores.HasSecret(bare) || !stores.HasSecret("redis-sentinel://a:1/0?master=m&sentinel_password=x") {
+		t.Errorf("HasSecret does not tell a URL with a secret from one without")
 	}
 }

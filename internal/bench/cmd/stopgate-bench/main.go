@@ -1,8 +1,9 @@
 // Command stopgate-bench is the performance instrument (make bench): it
-// starts the built stopgate binary, a plain goproxy baseline, redis-server
-// and a loopback upstream as separate processes, drives them with a
-// closed-loop load generator, and prints the tables in Markdown on
-// standard output (progress goes to standard error).
+// starts the built stopgate binary, a plain goproxy baseline, the peers
+// (stripe/smokescreen, Squid), redis-server and a loopback upstream as
+// separate processes, drives them with a closed-loop load generator, and
+// prints the tables in Markdown on standard output (progress goes to
+// standard error).
 package main
 
 import (
@@ -39,6 +40,8 @@ func parseFlags(args []string) (bench.Config, error) {
 	fs := flag.NewFlagSet("stopgate-bench", flag.ContinueOnError)
 	fs.StringVar(&cfg.Stopgate, "stopgate", "bin/stopgate", "the built stopgate binary (go build ./cmd/proxy)")
 	fs.StringVar(&cfg.Baseline, "baseline", "bin/plain-goproxy", "the built plain-goproxy binary (go build ./internal/bench/cmd/plain-goproxy)")
+	fs.StringVar(&cfg.Smokescreen, "smokescreen", "bin/smokescreen", "the stripe/smokescreen binary measured beside stopgate (scripts/bench-deps builds it); missing: not measured, with the reason in PATH.why")
+	fs.StringVar(&cfg.Squid, "squid", "bin/squid", "the Squid binary measured beside stopgate (scripts/bench-deps installs it); missing: not measured, with the reason in PATH.why")
 	fs.StringVar(&cfg.WorkDir, "workdir", "", "directory for stores, data directories and logs (default: a temporary directory, removed at the end)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temporary work directory (logs, stores)")
 	fs.StringVar(&cfg.ScratchDir, "scratch", "", "tmpfs directory for bulk loads of the embedded store (default /dev/shm)")
