@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
 )
@@ -59,6 +60,8 @@ const (
 )
 
 func main() {
+	// A browser's sandbox helper is this binary: it becomes Chromium here.
+	browserguard.SandboxMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := newCLI(os.Stdout, os.Stderr, os.Getenv).run(ctx, os.Args[1:])
 	stop()
