@@ -60,10 +60,14 @@ func SandboxMain() {
 // only an error.
 func sandboxChild(sock *os.File) error {
 	var spec sandboxSpec
-	if err := json.NewDecoder(os.NewFile(helperSpecFD, "spec")).Decode(&spec); err != nil {
+	// Closed through its *os.File: a bare close would leave the File's
+	// finalizer to close the descriptor's next owner.
+	specFile := os.NewFile(helperSpecFD, "spec")
+	err := json.NewDecoder(specFile).Decode(&spec)
+	_ = specFile.Close()
+	if err != nil {
 		return fmt.Errorf("reading the sandbox spec: %w", err)
 	}
-	_ = unix.Close(helperSpecFD)
 	// What is mounted here must never reach the host's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mounts private: %w", err)
@@ -80,10 +84,8 @@ func sandboxChild(sock *os.File) error {
 	if err := dropPrivileges(spec); err != nil {
 		return err
 	}
-	for _, fd := range []int{helperSocketFD} {
-		unix.CloseOnExec(fd)
-	}
-	err := unix.Exec(spec.Exe, spec.Args, spec.Env)
+	unix.CloseOnExec(int(sock.Fd()))
+	err = unix.Exec(spec.Exe, spec.Args, spec.Env)
 	return fmt.Errorf("exec %s: %w", spec.Exe, err)
 }
 
@@ -460,15 +462,12 @@ func startSandboxed(spec sandboxSpec, helper string, extra []*os.File, out io.Wr
 		return nil, fmt.Errorf("the sandbox's socket: %w", err)
 	}
 	parentEnd, childEnd := os.NewFile(uintptr(fds[0]), "sandbox"), os.NewFile(uintptr(fds[1]), "sandbox-child")
-	// The helper's copies only, once it runs: the end of its socket (EOF)
-	// is how the launcher learns that it became Chromium.
-	defer childEnd.Close()
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		parentEnd.Close()
+		childEnd.Close()
 		return nil, err
 	}
-	defer specR.Close()
 
 	// "-test.run=^$": a test binary that forgot SandboxMain runs no test
 	// and exits, rather than running its tests again here.
@@ -487,6 +486,8 @@ func startSandboxed(spec sandboxSpec, helper string, extra []*os.File, out io.Wr
 	cmd.SysProcAttr = attr
 	cmd.WaitDelay = waitDelay
 	err = cmd.Start()
+	// The helper's copies only, from here: the end of its socket (EOF) is
+	// how the launcher learns that it became Chromium.
 	childEnd.Close()
 	specR.Close()
 	if err != nil {
