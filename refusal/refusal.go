@@ -48,6 +48,10 @@ const (
 	RunNotAdmitted   Code = state.RefusalRunNotAdmitted
 	IntentInProgress Code = state.RefusalInProgress
 	KeyReused        Code = state.RefusalKeyReused
+	// BudgetExceeded and Tripwire: the guard refused the effect and
+	// cancelled the run in the same step (its budget, a tripwire).
+	BudgetExceeded Code = state.RefusalBudgetExceeded
+	Tripwire       Code = state.RefusalTripwire
 
 	// A transition other than the guard refused by the row (control API).
 	IntentNotInFlight Code = state.ConflictNotInFlight
@@ -116,7 +120,7 @@ const StatusClientClosed = 499
 // HTTP. docs/refusals.md is this table in prose.
 func (c Code) Status() int {
 	switch c {
-	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress, KeyReused,
+	case RunNotActive, StaleVersion, RunNotAdmitted, IntentInProgress, KeyReused, BudgetExceeded, Tripwire,
 		IntentNotInFlight, IntentNotUnknown, StaleAttempt, UIDBound, StoreNotReset:
 		return http.StatusConflict
 	case PolicyInvalid:
@@ -189,6 +193,11 @@ type Refusal struct {
 	// CANCELLED_BEFORE_DISPATCH, or the outcome of an admitted effect that
 	// was then cut or failed (NOT_SENT, UNKNOWN, NOT_APPLIED).
 	Recorded state.IntentState
+	// Limit is the budget's limit a budget_exceeded refusal crossed
+	// (max_effects, ...); Tripwire the policy's rule a tripwire refusal
+	// met.
+	Limit    string
+	Tripwire string
 
 	// Err is the cause, for logs; it is never rendered to the caller.
 	Err error
@@ -239,6 +248,16 @@ func FromGuard(req state.GuardRequest, res state.GuardResult) *Refusal {
 	case KeyReused:
 		r.IntentState, r.Record = res.Intent.State, &res.Intent
 		r.Message = keyReused(req, res.Intent)
+	case BudgetExceeded:
+		r.Recorded = state.IntentCancelledBeforeDispatch
+		r.Limit = strings.TrimPrefix(res.Cause, "budget:")
+		r.Message = fmt.Sprintf("run %s would cross its budget's %s (%s): the effect is refused and the run is cancelled (%s), now %s at cancel_version %d; nothing was sent; recorded %s under %s",
+			req.RunID, r.Limit, res.Run.Budget.Of(r.Limit), res.Cause, res.Run.Status, res.Run.CancelVersion, state.IntentCancelledBeforeDispatch, res.Intent.Key)
+	case Tripwire:
+		r.Recorded = state.IntentCancelledBeforeDispatch
+		r.Tripwire = strings.TrimPrefix(res.Cause, "tripwire:")
+		r.Message = fmt.Sprintf("the effect meets the policy's tripwire %s: it is refused and run %s is cancelled (%s), now %s at cancel_version %d; nothing was sent; recorded %s under %s",
+			r.Tripwire, req.RunID, res.Cause, res.Run.Status, res.Run.CancelVersion, state.IntentCancelledBeforeDispatch, res.Intent.Key)
 	default:
 		r.Message = fmt.Sprintf("the guard refused %s of run %s: %s; nothing was sent", res.Intent.Key, req.RunID, res.Refusal)
 	}

@@ -80,7 +80,7 @@ func TestGuardRefusalBody(t *testing.T) {
 func TestEveryCodeHasAClientErrorOrServerErrorStatus(t *testing.T) {
 	for _, c := range []refusal.Code{
 		refusal.RunNotActive, refusal.StaleVersion, refusal.RunNotAdmitted, refusal.IntentInProgress, refusal.KeyReused,
-		refusal.IntentNotInFlight, refusal.IntentNotUnknown, refusal.StaleAttempt, refusal.StoreNotReset, refusal.NoRunIdentity, refusal.BadRunIdentity,
+		refusal.BudgetExceeded, refusal.Tripwire, refusal.IntentNotInFlight, refusal.IntentNotUnknown, refusal.StaleAttempt, refusal.StoreNotReset, refusal.NoRunIdentity, refusal.BadRunIdentity,
 		refusal.Unauthorized, refusal.BadSignature, refusal.Forbidden, refusal.InvalidRequest, refusal.InvalidJSON,
 		refusal.UnknownField, refusal.BadRequestBody, refusal.BodyTooLarge, refusal.UnsupportedMediaType, refusal.NotAProxyRequest,
 		refusal.NotFound, refusal.MethodNotAllowed, refusal.DestinationDenied, refusal.InterceptionDisabled,
@@ -201,5 +201,43 @@ func TestConflictMessageDoesNotRepeatItsCode(t *testing.T) {
 	r := refusal.FromError(fmt.Errorf("complete: %w", &state.Conflict{Code: state.RefusalRunNotActive, Run: row, Detail: "a cancelled run cannot complete"}))
 	if got := r.Error(); strings.Count(got, "run_not_active") != 1 || !strings.Contains(got, "run r is CANCELLED at cancel_version 2") {
 		t.Fatalf("Error() = %q", got)
+	}
+}
+
+// TestBudgetAndTripwireRefusalsNameWhatCancelledTheRun: a budget_exceeded
+// or tripwire refusal is a 409 a retry cannot change, naming the limit or
+// the rule, the run as the guard's step left it (cancelled) and the record.
+func TestBudgetAndTripwireRefusalsNameWhatCancelledTheRun(t *testing.T) {
+	row := state.Run{ID: "r", Status: state.StatusCancelling, CancelVersion: 2, Budget: state.Budget{MaxEffects: 5}}
+	for _, tc := range []struct {
+		res         state.GuardResult
+		field, want string
+		says        string
+	}{
+		{state.GuardResult{Refusal: state.RefusalBudgetExceeded, Cause: "budget:max_effects", Run: row, Intent: state.Intent{Key: "k6"}},
+			"limit", "max_effects", "budget's max_effects (5)"},
+		{state.GuardResult{Refusal: state.RefusalTripwire, Cause: "tripwire:no-paste", Run: row, Intent: state.Intent{Key: "k7"}},
+			"tripwire", "no-paste", "tripwire no-paste"},
+	} {
+		r := refusal.FromGuard(state.GuardRequest{RunID: "r", ObservedVersion: 1}, tc.res)
+		w := httptest.NewRecorder()
+		r.WriteHTTP(w)
+		if w.Code != http.StatusConflict || w.Header().Get(refusal.ShouldRetryHeader) != "false" || w.Header().Get(refusal.Header) != tc.res.Refusal {
+			t.Fatalf("%s: %d %v", tc.res.Refusal, w.Code, w.Header())
+		}
+		var body map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		if body[tc.field] != tc.want || body["status"] != "CANCELLING" || body["recorded"] != "CANCELLED_BEFORE_DISPATCH" {
+			t.Fatalf("%s: body %s", tc.res.Refusal, w.Body)
+		}
+		if msg, _ := body["message"].(string); !strings.Contains(msg, tc.says) || !strings.Contains(msg, tc.res.Cause) {
+			t.Fatalf("%s: message %q", tc.res.Refusal, msg)
+		}
+		var back refusal.Refusal
+		if err := json.Unmarshal(w.Body.Bytes(), &back); err != nil || back.Limit != r.Limit || back.Tripwire != r.Tripwire {
+			t.Fatalf("%s: read back %+v %v", tc.res.Refusal, back, err)
+		}
 	}
 }

@@ -25,6 +25,8 @@ type body struct {
 	IntentState     state.IntentState `json:"intent_state,omitempty"`
 	Recorded        state.IntentState `json:"recorded,omitempty"`
 	Record          *state.Intent     `json:"intent_record,omitempty"`
+	Limit           string            `json:"limit,omitempty"`
+	Tripwire        string            `json:"tripwire,omitempty"`
 	Run             *state.Run        `json:"run,omitempty"`
 }
 
@@ -63,7 +65,8 @@ func (r *Refusal) MarshalJSON() ([]byte, error) {
 
 // body is the refusal in the contract's shape.
 func (r *Refusal) body() body {
-	b := body{Error: r.Code, Message: r.Message, RunID: r.RunID, Intent: r.Intent, IntentState: r.IntentState, Recorded: r.Recorded, Record: r.Record}
+	b := body{Error: r.Code, Message: r.Message, RunID: r.RunID, Intent: r.Intent, IntentState: r.IntentState, Recorded: r.Recorded, Record: r.Record,
+		Limit: r.Limit, Tripwire: r.Tripwire}
 	if r.RunID != "" {
 		observed := r.ObservedVersion
 		b.ObservedVersion = &observed
@@ -90,7 +93,8 @@ func (r *Refusal) UnmarshalJSON(data []byte) error {
 		b = sdk.body
 		b.Error = sdk.Error.Code
 	}
-	*r = Refusal{Code: b.Error, Message: b.Message, RunID: b.RunID, Intent: b.Intent, IntentState: b.IntentState, Recorded: b.Recorded, Record: b.Record, Run: b.Run}
+	*r = Refusal{Code: b.Error, Message: b.Message, RunID: b.RunID, Intent: b.Intent, IntentState: b.IntentState, Recorded: b.Recorded, Record: b.Record, Run: b.Run,
+		Limit: b.Limit, Tripwire: b.Tripwire}
 	if b.ObservedVersion != nil {
 		r.ObservedVersion = *b.ObservedVersion
 	}

@@ -117,6 +117,35 @@ func (b Budget) Over(over Budget) Budget {
 	return b
 }
 
+// Of is the value of one of b's limits as an operator writes it ("5",
+// "30m0s", "2.5" USD), "" for a name that is none.
+func (b Budget) Of(limit string) string {
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	switch limit {
+	case LimitEffects:
+		return n(b.MaxEffects)
+	case LimitEffectsPerDestination:
+		return n(b.MaxEffectsPerDestination)
+	case LimitRequestBytes:
+		return n(b.MaxRequestBytes)
+	case LimitResponseBytes:
+		return n(b.MaxResponseBytes)
+	case LimitWallTime:
+		return b.MaxWallTime.String()
+	case LimitInputTokens:
+		return n(b.MaxInputTokens)
+	case LimitOutputTokens:
+		return n(b.MaxOutputTokens)
+	case LimitTokens:
+		return n(b.MaxTokens)
+	case LimitSpend:
+		return FormatUSD(b.MaxSpend) + " USD"
+	case LimitUnknownUsage:
+		return "cancel_on_unknown_usage"
+	}
+	return ""
+}
+
 // MaxBudgetTime bounds a budget's wall time and drain.
 const MaxBudgetTime = 366 * 24 * time.Hour
 
