@@ -2,7 +2,9 @@
 // tunnelled unseen, which destinations a CANCELLING run may still reach,
 // which destinations the proxy may connect to at all, which destinations'
 // requests have effects outside, which webhook sources may reconcile
-// UNKNOWN intents, and how to look an intent up at its provider. It owns
+// UNKNOWN intents, how to look an intent up at its provider, the budgets
+// runs are admitted with, the LLM APIs whose usage is read and their
+// prices, and the tripwires that cancel a run. It owns
 // the syntax of a destination rule, which --allow-dest shares. It only
 // parses and validates; it never acts.
 package policy
@@ -39,6 +41,12 @@ type Policy struct {
 	// requests have an effect outside: EffectsNone, EffectsWrites (the
 	// default for any destination not listed) or EffectsAll.
 	Effects map[string]Effects `yaml:"effects"`
+	// Budgets are the limits runs are admitted with.
+	Budgets Budgets `yaml:"budgets"`
+	// LLM lists the LLM APIs whose usage is read, and their prices.
+	LLM LLM `yaml:"llm"`
+	// Tripwires are effects that cancel the run that makes them.
+	Tripwires []Tripwire `yaml:"tripwires"`
 }
 
 // Effects is what requests to a destination do outside stopgate.
@@ -154,6 +162,15 @@ func (p *Policy) validate() error {
 		}
 	}
 	if err := p.Destinations.Check(); err != nil {
+		return err
+	}
+	if err := p.Budgets.validate(); err != nil {
+		return err
+	}
+	if err := p.LLM.validate(); err != nil {
+		return err
+	}
+	if err := validateTripwires(p.Tripwires); err != nil {
 		return err
 	}
 	for name, w := range p.Webhooks {
