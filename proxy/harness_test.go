@@ -75,6 +75,9 @@ type envOptions struct {
 	// maxConns, maxPerRun, handshake and idle: the caps and timeouts (0: defaults).
 	maxConns, maxPerRun int
 	handshake, idle     time.Duration
+	// policy, if set, gives the rules its budgets, LLM APIs and
+	// tripwires (RulesOf), with the allows above.
+	policy *policy.Policy
 }
 
 // testUpstreams is the one allow the tests need: their upstreams listen on
@@ -129,12 +132,19 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if !opts.asShipped {
 		allow = append([]string{testUpstreams}, allow...)
 	}
+	rules := proxy.Rules{
+		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
+		AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
+	}
+	if opts.policy != nil {
+		if rules, err = proxy.RulesOf(*opts.policy, allow); err != nil {
+			t.Fatal(err)
+		}
+		rules.CancelDrain = 5 * time.Second
+	}
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		Rules: proxy.Rules{
-			PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
-			AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
-		},
+		Rules:   rules,
 		MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
 		Logger: log, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
 		MaxConns: opts.maxConns, MaxConnsPerRun: opts.maxPerRun, HandshakeTimeout: opts.handshake, IdleTimeout: opts.idle,

@@ -63,6 +63,8 @@ type exchange struct {
 	// answer, for the access line.
 	status   int
 	upstream time.Duration
+	// meter is what the exchange reads of its answer for the run's usage.
+	meter metering
 }
 
 // accessed writes the exchange's access line, at its end: how it ended
@@ -197,6 +199,31 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		}
 	}
 	greq.Target = recordedTarget(req.URL, rawURL)
+	if greq.AutoAdmit {
+		greq.Budget = ex.rules.autoBudget(id.run)
+	}
+	if tw := ex.rules.tripwireOf(req.Method, req.URL.Host, req.URL); tw != "" {
+		// What the run must never do: refused, recorded and the run
+		// cancelled in the guard's one step, before its body is read and
+		// whatever its destination would have been.
+		greq.Tripwire, greq.TripwireDrain = tw, ex.rules.CancelDrain
+		r := p.guard(req, ex, withoutBody(greq, rawURL))
+		if r == nil {
+			// Never admitted: the guard refuses a tripwire whatever the
+			// run's state.
+			p.finish(req.Context(), ex, state.IntentNotSent, 0, "a tripwire's guard admitted the effect")
+			r = refusal.New(refusal.Internal, "the guard admitted an effect that meets tripwire %s; nothing was sent", tw)
+		}
+		return req, p.refuse(req, ex, boundary, r)
+	}
+	if api, call := ex.rules.llmCall(req.Method, req.URL.Host, req.URL.Path); call {
+		ex.meter.llm, ex.meter.api = true, api
+		if api != "" {
+			// Its usage is read from the answer as it passes: asked for
+			// as it is, not compressed (docs/budgets.md).
+			req.Header.Set("Accept-Encoding", "identity")
+		}
+	}
 	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
 		return req, p.refuse(req, ex, boundary, p.denied(req, ex, r, withoutBody(greq, rawURL)))
 	}
@@ -227,7 +254,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 		req.Header.Set("Content-Length", strconv.FormatInt(body.size, 10))
 	}
 	if ex.body != nil {
-		greq.BodyDigest = ex.body.digest
+		greq.BodyDigest, greq.RequestBytes = ex.body.digest, ex.body.size
 	}
 	if !explicit && greq.BodyDigest != "" {
 		greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, greq.BodyDigest)
@@ -368,6 +395,9 @@ func (p *Proxy) guard(req *http.Request, ex *exchange, greq state.GuardRequest) 
 	if ex.body != nil {
 		ex.flow.bytes = ex.body.size
 	}
+	// An answer is read to its end for the run's budget of response
+	// bytes, and an LLM call's for its usage too.
+	ex.meter.bytes = ex.meter.llm || res.Run.Budget.MaxResponseBytes > 0
 	d := ex.decision(greq.Boundary, greq.Method, ex.flow.host)
 	d.Result, d.Intent, d.Recorded, d.Bytes = telemetry.Admitted, res.Intent.Key, res.Intent.State, ex.flow.bytes
 	p.tel.Decided(req.Context(), d)
@@ -452,6 +482,10 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		f.streaming.Store(true)
 	}
 	f.answered.Store(true)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		ex.meter = metering{}
+	}
+	ex.meter.start(resp)
 	if resp.ContentLength < 0 && resp.StatusCode != http.StatusSwitchingProtocols {
 		// goproxy flushes to the client as bytes come only for SSE or a
 		// chunked header, which Go's transport strips: without it, an
@@ -459,8 +493,11 @@ func (p *Proxy) roundTrip(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Resp
 		resp.Header.Set("Transfer-Encoding", "chunked")
 	}
 	// The provider has answered: the agent need not wait for the record
-	// of it, which rides with this instance's next store step.
-	p.finishLater(req.Context(), ex, state.IntentResponded, resp.StatusCode)
+	// of it, which rides with this instance's next store step. An answer
+	// read for the run's usage is recorded at its end, with what it used.
+	if !ex.meter.on() {
+		p.finishLater(req.Context(), ex, state.IntentResponded, resp.StatusCode)
+	}
 	// Only stopgate speaks in its own headers: an upstream's would mislead the agent.
 	resp.Header.Del(refusal.Header)
 	// Set by its key as net/http stores it, which it is spelled as
@@ -500,10 +537,15 @@ func (p *Proxy) finish(ctx context.Context, ex *exchange, outcome state.IntentSt
 func (p *Proxy) finishWith(ctx context.Context, ex *exchange, outcome state.IntentState, code int, reason, source string) {
 	started := time.Now()
 	d := finished(ex, outcome, code)
-	_, err := p.cfg.Ledger.Finish(ctx, state.FinishRequest{
+	freq := state.FinishRequest{
 		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome,
 		StatusCode: code, Reason: state.Clip(reason, 512), Source: source,
-	})
+	}
+	if outcome != state.IntentNotSent {
+		// Sent and not answered: what an LLM call used is unknown.
+		freq.LLM = ex.meter.usage(0, ex.rules.prices)
+	}
+	_, err := p.cfg.Ledger.Finish(ctx, freq)
 	p.recorded(ctx, d, started, err)
 	if ex.flow.tunnel {
 		// A pass-through tunnel's outcome is its end.
@@ -520,6 +562,18 @@ func (p *Proxy) finishLater(ctx context.Context, ex *exchange, outcome state.Int
 	ex.queued = queuedLine{p: p, ctx: ctx, line: finished(ex, outcome, code), started: time.Now()}
 	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
 		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts, Outcome: outcome, StatusCode: code,
+	}, &ex.queued)
+}
+
+// finishMetered records the outcome of an answer read for the run's
+// usage, once it is over (ended, or cut): what it used goes with it, in
+// the same step, which cancels the run if that crosses its budget.
+func (p *Proxy) finishMetered(ctx context.Context, ex *exchange, bytes int64) {
+	ex.queued = queuedLine{p: p, ctx: ctx, line: finished(ex, state.IntentResponded, ex.status), started: time.Now()}
+	p.cfg.Ledger.FinishLater(ctx, state.FinishRequest{
+		RunID: ex.flow.intent.RunID, Key: ex.flow.intent.Key, Attempt: ex.flow.intent.Attempts,
+		Outcome: state.IntentResponded, StatusCode: ex.status,
+		ResponseBytes: bytes, LLM: ex.meter.usage(ex.status, ex.rules.prices),
 	}, &ex.queued)
 }
 
@@ -590,6 +644,9 @@ type flowBody struct {
 func (b *flowBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if m := b.ex.meter.meter; m != nil && n > 0 {
+		_, _ = m.Write(p[:n])
+	}
 	if err == nil {
 		return n, nil
 	}
@@ -622,6 +679,9 @@ func (b *flowBody) Close() error {
 			result, reason = telemetry.Cut, ce.reason
 		}
 		f.cut(nil)
+		if b.ex.meter.on() {
+			b.p.finishMetered(b.reqCtx, b.ex, b.n.Load())
+		}
 		b.p.accessed(b.reqCtx, b.ex, result, reason, state.IntentResponded, b.n.Load())
 	}
 	return err

@@ -34,6 +34,9 @@ type Rules struct {
 	// rule covers (empty: allow).
 	AllowDest, DenyDest, ReportDest []string
 	DefaultDest                     policy.DestinationDefault
+
+	// The policy's budgets, LLM APIs and prices, and tripwires.
+	budgetRules
 }
 
 // RulesOf are the proxy's rules of pol, with allow (--allow-dest) added to
@@ -54,6 +57,9 @@ func RulesOf(pol policy.Policy, allow []string) (Rules, error) {
 		if *s.into, err = NewHostSet(s.hosts); err != nil {
 			return Rules{}, fmt.Errorf("%s: %w", s.field, err)
 		}
+	}
+	if r.budgetRules, err = compileBudgetRules(pol); err != nil {
+		return Rules{}, err
 	}
 	d := pol.Destinations
 	r.AllowDest = append(append([]string(nil), allow...), d.Allow...)

@@ -71,6 +71,21 @@ func (p *Proxy) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Con
 		Boundary: boundary, Method: http.MethodConnect, Target: host,
 		AutoAdmit: p.cfg.AutoAdmit, AllowCancelling: allow,
 	}
+	if greq.AutoAdmit && ex.hasID {
+		greq.Budget = ex.rules.autoBudget(id.run)
+	}
+	if passThrough && !anonymous {
+		if tw := ex.rules.tripwireOf(http.MethodConnect, host, nil); tw != "" {
+			// A tunnel to a host the run must never reach: refused,
+			// recorded and the run cancelled in the guard's one step.
+			greq.Tripwire, greq.TripwireDrain = tw, ex.rules.CancelDrain
+			if r := p.guard(req, ex, greq); r != nil {
+				return reject(r)
+			}
+			p.finish(req.Context(), ex, state.IntentNotSent, 0, "a tripwire's guard admitted the tunnel")
+			return reject(refusal.New(refusal.Internal, "the guard admitted a tunnel that meets tripwire %s; nothing was sent", tw))
+		}
+	}
 	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), host)); r != nil {
 		return reject(p.denied(req, ex, r, greq))
 	}

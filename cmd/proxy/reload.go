@@ -25,6 +25,7 @@ func loadPolicy(cfg serveConfig) (policy.Policy, proxy.Rules, error) {
 	if err != nil {
 		return policy.Policy{}, proxy.Rules{}, err
 	}
+	rules.CancelDrain = cfg.DrainTimeout
 	return pol, rules, nil
 }
 

@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,8 +24,8 @@ type Upstream struct {
 }
 
 // NewUpstream starts an upstream (TLS when tlsOn), closed when the test
-// ends. handler answers after the request is counted and its body read;
-// nil answers "hello METHOD PATH".
+// ends. handler answers after the request is counted and its body read
+// (the handler reads it again); nil answers "hello METHOD PATH".
 func NewUpstream(t testing.TB, tlsOn bool, handler http.HandlerFunc) *Upstream {
 	t.Helper()
 	u := &Upstream{}
@@ -36,6 +37,8 @@ func NewUpstream(t testing.TB, tlsOn bool, handler http.HandlerFunc) *Upstream {
 		u.bodies = append(u.bodies, body)
 		u.mu.Unlock()
 		if handler != nil {
+			// The handler reads the body as it came, as well.
+			r.Body = io.NopCloser(bytes.NewReader(body))
 			handler(w, r)
 			return
 		}
