@@ -165,6 +165,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 	// Every part calls the store through its measure: one place times and
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
+	tel.Totals(reg, store)
 	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol, lns: lns}
 	inst.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	inst.policy = newPolicyHolder(cfg, pol, tel.Metrics(), log.With("component", "policy"))

@@ -28,6 +28,8 @@ type seen struct {
 	// checks a run's budget on them without reading the run.
 	created time.Time
 	budget  state.Budget
+	// counted: the row is counted in the totals.
+	counted bool
 }
 
 // maxSeenRuns and maxSeenBases bound the memory of what is remembered:
@@ -59,7 +61,7 @@ func (s seenRuns) learn(v *runView) {
 		return
 	}
 	old, _ := s.c.Peek(v.id)
-	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t), created: v.row.CreatedAt, budget: v.row.Budget}
+	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t), counted: v.counted, created: v.row.CreatedAt, budget: v.row.Budget}
 	if n.created.IsZero() {
 		// A view that did not read the row (decided on what was seen).
 		n.created, n.budget = old.created, old.budget
@@ -94,7 +96,7 @@ func (s seenRuns) viewOf(id string, steps []*step) *runView {
 	if !ok || sn.status != state.StatusActive {
 		return nil
 	}
-	v := &runView{id: id, found: true, t: sn.t, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version,
+	v := &runView{id: id, found: true, t: sn.t, counted: sn.counted, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version,
 		CreatedAt: sn.created, Budget: sn.budget}}
 	if len(sn.derived) > 0 {
 		v.derived, v.taken = make(map[string]int64, len(sn.derived)), make(map[string]bool, len(sn.derived))
@@ -288,6 +290,19 @@ func (s *Store) decideGroup(g *group) []*step {
 		g.moves = true
 	}
 	for i, st := range g.steps {
+		if st.count {
+			if !v.read {
+				return g.steps[i:]
+			}
+			st.ops = nil
+			if v.found && !v.counted {
+				st.ops = countOps(nil, v)
+				v.counted = true
+			}
+			g.sent = append(g.sent, st)
+			g.rendered = append(g.rendered, nil)
+			continue
+		}
 		if st.touch != nil {
 			st.ops = append(append([]any(nil), st.touch...), "h", "t", strconv.FormatInt(g.now, 10))
 			g.sent = append(g.sent, st)
@@ -309,6 +324,9 @@ func (s *Store) decideGroup(g *group) []*step {
 		st.mut, st.ops, st.err = m, ops, err
 		if m != nil && err == nil {
 			v.absorb(m, rendered)
+			if m.Create || len(m.Tally) > 0 {
+				v.counted = true
+			}
 		}
 		g.sent = append(g.sent, st)
 		g.rendered = append(g.rendered, rendered)
@@ -327,6 +345,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 		return nil
 	}
 	row, found := res.row, res.found
+	wasCounted := res.counted
 	answers := res.answers
 	for i, st := range g.sent {
 		switch res.results[i] {
@@ -365,6 +384,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 	}
 	v := g.view
 	v.row, v.found = row, found
+	v.counted = v.counted || wasCounted
 	v.t = max(v.t, g.now)
 	s.seen.learn(v)
 	return nil
@@ -375,7 +395,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 func decided(steps []*step) []*step {
 	var out []*step
 	for _, st := range steps {
-		if st.decide != nil || st.touch != nil {
+		if st.decide != nil || st.touch != nil || st.count {
 			out = append(out, st)
 		}
 	}
@@ -475,6 +495,8 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	for _, g := range groups {
 		keys = append(keys, keysOf(g.run).list()...)
 	}
+	// The totals' hash, last: a call's runs share one (totals.go).
+	keys = append(keys, s.totalsKeyOf(groups[0].run))
 	head := headRoom(keys)
 	args := make([]any, head+1, head+size)
 	args[head] = len(groups)
@@ -515,8 +537,8 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 }
 
 // opArity is the number of arguments of each operation (lua/apply.lua).
-var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "<": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "+": 2, "a": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
-	"x": 1, "p": 2, "D": 0, "R": 1}
+var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "<": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "H": 2, "+": 2, "a": 2, "o": 3, "q": 2, "L": 2, "l": 1,
+	"S": 1, "s": 1, "x": 1, "p": 2, "D": 0, "R": 1, "c": 2}
 
 func opCount(ops []any) int {
 	n := 0
@@ -536,7 +558,7 @@ func (g *group) reads() ([]string, []string) {
 	for _, st := range g.sent {
 		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
 			switch st.ops[i].(string) {
-			case "=", "#", ">", "<", "^", "h", "+", "a", "o", "R":
+			case "=", "#", ">", "<", "^", "h", "H", "+", "a", "o", "R":
 				if f := st.ops[i+1].(string); !isRowField[f] {
 					fields = append(fields, f)
 				}
@@ -566,6 +588,7 @@ type groupResult struct {
 	// row is the row as read before the steps (found false: no row).
 	row     state.Run
 	found   bool
+	counted bool
 	answers []string
 }
 
@@ -587,6 +610,7 @@ func parseGroup(x any, g *group) (groupResult, error) {
 	copy(vals, read)
 	out := groupResult{results: res}
 	out.row, out.found = rowOfValues(g.run, vals)
+	out.counted = counted(vals)
 	answers, _ := a[2].([]any)
 	for _, v := range answers {
 		s, _ := v.(string)
@@ -695,6 +719,7 @@ func viewOfRead(id string, fields, bases []string, n needs, x any) (*runView, er
 	rowVals := vals[:len(rowFields)]
 	if m := rowOf(rowVals); m != nil {
 		v.found = true
+		v.counted = m[countedField] == "1"
 		v.row = runOf(id, m)
 		v.t, _ = strconv.ParseInt(m["t"], 10, 64)
 		v.ord, _ = strconv.ParseInt(m["o"], 10, 64)
