@@ -104,6 +104,10 @@ type Options struct {
 	Watch WatchOptions
 	// ReloadPolicy serves POST /v1/policy/reload; nil answers 404.
 	ReloadPolicy PolicyReloader
+	// Budgets is the budget the policy in force gives a run admitted with
+	// those labels and given that budget (policy.Budgets.Admitted, with
+	// the server's drain); nil admits runs with the budget given alone.
+	Budgets func(runID string, labels map[string]string, given state.Budget) state.Budget
 }
 
 // Handler serves the API. Create it with New.
@@ -117,6 +121,7 @@ type Handler struct {
 	transparent  TransparentBinder
 	watches      *watches
 	reload       PolicyReloader
+	budgets      func(runID string, labels map[string]string, given state.Budget) state.Budget
 	creds        credentials
 	drain        time.Duration
 	storeTimeout time.Duration
@@ -149,6 +154,7 @@ func New(opts Options) (*Handler, error) {
 		transparent:  opts.Transparent,
 		watches:      newWatches(opts.Watcher, opts.Watch),
 		reload:       opts.ReloadPolicy,
+		budgets:      opts.Budgets,
 		creds:        creds,
 		drain:        opts.DrainTimeout,
 		storeTimeout: opts.StoreTimeout,

@@ -25,7 +25,19 @@ func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
 	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
-	req := state.AdmitRequest{RunID: body.RunID, Actor: actor, Reason: body.Reason}
+	given, err := body.Budget.Budget()
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := validLabels(body.Labels); err != nil {
+		return 0, nil, err
+	}
+	req := state.AdmitRequest{RunID: body.RunID, Actor: actor, Reason: body.Reason, Budget: given}
+	if h.budgets != nil {
+		req.Budget = h.budgets(body.RunID, body.Labels, given)
+	} else if given.Limited() && given.DrainTimeout == 0 {
+		req.Budget.DrainTimeout = h.drain
+	}
 	if err := req.Validate(); err != nil {
 		return 0, nil, err
 	}
@@ -36,8 +48,27 @@ func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
 	if !res.Created {
 		return http.StatusOK, normRun(res.Run), nil
 	}
-	h.log.Info("run admitted", "run", res.Run.ID, "actor", actor)
+	h.log.Info("run admitted", "run", res.Run.ID, "actor", actor, "budget", res.Run.Budget.Text())
 	return http.StatusCreated, normRun(res.Run), nil
+}
+
+// maxLabels bound the labels of one admission.
+const (
+	maxLabels   = 32
+	maxLabelLen = 128
+)
+
+// validLabels says what is wrong with an admission's labels.
+func validLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return fmt.Errorf("%w: %d labels, more than %d", state.ErrInvalid, len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelLen || len(v) > maxLabelLen {
+			return fmt.Errorf("%w: label %q: want a name of 1 to %d bytes and a value of at most %d", state.ErrInvalid, k, maxLabelLen, maxLabelLen)
+		}
+	}
+	return nil
 }
 
 func (h *Handler) list(r *http.Request, _ string) (int, any, error) {

@@ -616,3 +616,59 @@ func Destination(b Boundary, target string) string {
 	}
 	return host
 }
+
+// LimitUse is one limit of a budget beside what the run has used of it,
+// as the CLI and the console show them.
+type LimitUse struct {
+	Limit string
+	// Used and Max are in the limit's unit: a count, bytes, tokens,
+	// nano-USD, milliseconds (max_wall_time); for max_effects_per_destination
+	// Used is the busiest destination's (Of names it).
+	Used, Max int64
+	Of        string
+}
+
+// Uses lists the limits b sets, in a fixed order, with what usage holds of
+// each; elapsed is the run's time since admission.
+func (b Budget) Uses(u Usage, elapsed time.Duration) []LimitUse {
+	var out []LimitUse
+	add := func(limit string, used, max int64) {
+		if max > 0 {
+			out = append(out, LimitUse{Limit: limit, Used: used, Max: max})
+		}
+	}
+	add(LimitEffects, u[CounterEffects], b.MaxEffects)
+	if b.MaxEffectsPerDestination > 0 {
+		busiest := LimitUse{Limit: LimitEffectsPerDestination, Max: b.MaxEffectsPerDestination}
+		for host, n := range u.Destinations() {
+			if n > busiest.Used || n == busiest.Used && host < busiest.Of {
+				busiest.Used, busiest.Of = n, host
+			}
+		}
+		out = append(out, busiest)
+	}
+	add(LimitRequestBytes, u[CounterRequestBytes], b.MaxRequestBytes)
+	add(LimitResponseBytes, u[CounterResponseBytes], b.MaxResponseBytes)
+	add(LimitWallTime, elapsed.Milliseconds(), b.MaxWallTime.Milliseconds())
+	add(LimitInputTokens, u[CounterInputTokens], b.MaxInputTokens)
+	add(LimitOutputTokens, u[CounterOutputTokens], b.MaxOutputTokens)
+	add(LimitTokens, u[CounterTokens], b.MaxTokens)
+	add(LimitSpend, u[CounterSpend], b.MaxSpend)
+	return out
+}
+
+// String is the use as "used / max" in the limit's unit.
+func (l LimitUse) String() string {
+	f := func(n int64) string { return strconv.FormatInt(n, 10) }
+	switch l.Limit {
+	case LimitWallTime:
+		f = func(n int64) string { return (time.Duration(n) * time.Millisecond).Round(time.Second).String() }
+	case LimitSpend:
+		f = func(n int64) string { return "$" + FormatUSD(n) }
+	}
+	s := f(l.Used) + " / " + f(l.Max)
+	if l.Of != "" {
+		s += " (" + l.Of + ")"
+	}
+	return s
+}

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -132,6 +134,38 @@ func printRun(w io.Writer, run state.Run) {
 		row("drain_deadline", fmtTime(run.DrainDeadline))
 	}
 	row("intents", counts(run.Intents))
+	if run.Budget.Limited() {
+		// The wall time runs until the run stops taking effects.
+		elapsed := time.Since(run.CreatedAt)
+		switch {
+		case run.Status == state.StatusActive:
+		case !run.CancelledAt.IsZero():
+			elapsed = run.CancelledAt.Sub(run.CreatedAt)
+		default:
+			elapsed = run.UpdatedAt.Sub(run.CreatedAt)
+		}
+		for _, l := range run.Budget.Uses(run.Usage, elapsed) {
+			row(l.Limit, l.String())
+		}
+		if run.Budget.CancelOnUnknownUsage {
+			row(state.LimitUnknownUsage, "cancels the run")
+		}
+	}
+	u := run.Usage
+	row("effects", fmt.Sprint(u[state.CounterEffects]))
+	if u[state.CounterLLMCalls] > 0 || u[state.CounterUnknownUsage] > 0 {
+		row("tokens", fmt.Sprintf("%d in, %d out (%d LLM answers read, %d unknown)", u[state.CounterInputTokens], u[state.CounterOutputTokens],
+			u[state.CounterLLMCalls], u[state.CounterUnknownUsage]))
+		spend := "$" + state.FormatUSD(u[state.CounterSpend])
+		if n := u[state.CounterUnpriced]; n > 0 {
+			spend += fmt.Sprintf(" (+ %d answers of models without a price)", n)
+		}
+		row("spend", spend)
+		for _, model := range slices.Sorted(maps.Keys(u.Models())) {
+			m := u.Models()[model]
+			row("  "+safe(model), fmt.Sprintf("%d in, %d out, %d answers", m.InputTokens, m.OutputTokens, m.Calls))
+		}
+	}
 	_ = tw.Flush()
 }
 
@@ -220,4 +254,19 @@ func printIntent(w io.Writer, in state.Intent) {
 	row("created", fmtTime(in.CreatedAt))
 	row("updated", fmtTime(in.UpdatedAt))
 	_ = tw.Flush()
+}
+
+// budgetLine is a budget in one line, its limits as the policy spells them.
+func budgetLine(b state.Budget) string {
+	var parts []string
+	for _, u := range b.Uses(nil, 0) {
+		parts = append(parts, u.Limit+" "+b.Of(u.Limit))
+	}
+	if b.CancelOnUnknownUsage {
+		parts = append(parts, "cancel_on_unknown_usage")
+	}
+	if b.DrainTimeout > 0 {
+		parts = append(parts, "drain "+b.DrainTimeout.String())
+	}
+	return strings.Join(parts, ", ")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
 )
 
@@ -53,6 +54,12 @@ func newPolicyHolder(cfg serveConfig, pol policy.Policy, m *telemetry.Metrics, l
 
 // secret is the webhook source's secret in the policy in force.
 func (h *policyHolder) secret(source string) ([]byte, bool) { return h.pol.Load().Secret(source) }
+
+// budget is the budget the policy in force gives a run admitted with
+// labels and given (docs/budgets.md).
+func (h *policyHolder) budget(runID string, labels map[string]string, given state.Budget) state.Budget {
+	return h.pol.Load().Budgets.Admitted(runID, labels, given, h.cfg.DrainTimeout)
+}
 
 // reloader is the control API's reload, nil without a policy file.
 func (h *policyHolder) reloader() control.PolicyReloader {
@@ -104,7 +111,7 @@ func (h *policyHolder) reload(ctx context.Context, by string) (control.PolicyRel
 }
 
 // ruleKinds are the counts a policy's start line and reload name.
-var ruleKinds = []string{"pass_through", "delivery", "effects", "allow_dest", "deny_dest", "report_dest", "lookups", "webhooks"}
+var ruleKinds = []string{"pass_through", "delivery", "effects", "allow_dest", "deny_dest", "report_dest", "lookups", "webhooks", "budget_rules", "tripwires", "llm_providers", "llm_prices"}
 
 func ruleCounts(pol policy.Policy) map[string]int {
 	d := pol.Destinations
@@ -112,6 +119,7 @@ func ruleCounts(pol policy.Policy) map[string]int {
 		"pass_through": len(pol.PassThrough), "delivery": len(pol.Delivery), "effects": len(pol.Effects),
 		"allow_dest": len(d.Allow), "deny_dest": len(d.Deny), "report_dest": len(d.Report),
 		"lookups": len(pol.Lookups), "webhooks": len(pol.Webhooks),
+		"budget_rules": len(pol.Budgets.Rules), "tripwires": len(pol.Tripwires), "llm_providers": len(pol.LLM.Providers), "llm_prices": len(pol.LLM.Prices),
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,6 +54,9 @@ type verbOpts struct {
 	run string
 	// token
 	ttl *time.Duration
+	// admit
+	budget control.BudgetRequest
+	labels map[string]string
 }
 
 func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
@@ -70,6 +74,65 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 		fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
 	}
 	switch verb {
+	case "admit":
+		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
+		b := &o.budget
+		for _, l := range []struct {
+			name, what string
+			into       *int64
+		}{
+			{"max-effects", "effects the run may make (each dispatch through any boundary)", &b.MaxEffects},
+			{"max-effects-per-destination", "effects to any one destination (host)", &b.MaxEffectsPerDestination},
+			{"max-request-bytes", "request body bytes, summed", &b.MaxRequestBytes},
+			{"max-response-bytes", "answer body bytes, summed", &b.MaxResponseBytes},
+			{"max-input-tokens", "LLM input tokens", &b.MaxInputTokens},
+			{"max-output-tokens", "LLM output tokens", &b.MaxOutputTokens},
+			{"max-tokens", "LLM input and output tokens together", &b.MaxTokens},
+		} {
+			fs.Func(l.name, "`N` "+l.what+"; past it the run is cancelled (budget:"+strings.ReplaceAll(l.name, "-", "_")+")", func(s string) error {
+				n, err := strconv.ParseInt(s, 10, 64)
+				if err != nil || n < 1 {
+					return fmt.Errorf("%q is not a whole number of 1 or more", s)
+				}
+				*l.into = n
+				return nil
+			})
+		}
+		fs.Func("max-wall-time", "`duration` from admission after which no effect is admitted and the run is cancelled, e.g. 2h", func(s string) error {
+			d, err := time.ParseDuration(s)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("%q is not a positive duration like 2h", s)
+			}
+			b.MaxWallTime = d.String()
+			return nil
+		})
+		fs.Func("max-spend-usd", "`USD` the run's LLM usage may cost by the policy's price table, e.g. 5 or 0.25", func(s string) error {
+			if _, err := state.ParseUSD(s); err != nil {
+				return err
+			}
+			b.MaxSpendUSD = json.Number(s)
+			return nil
+		})
+		fs.BoolVar(&b.CancelOnUnknownUsage, "cancel-on-unknown-usage", false, "cancel the run at the first LLM answer whose usage cannot be read")
+		fs.Func("budget-drain", "`duration` a run its budget cancels drains (default: the policy's, else the server's --drain-timeout)", func(s string) error {
+			d, err := control.ParseDuration(s)
+			if err != nil || d < 0 {
+				return fmt.Errorf("%q is not a duration like 30s", s)
+			}
+			b.DrainTimeout = d.String()
+			return nil
+		})
+		fs.Func("label", "`name=value` that chooses the policy's budget rule (repeatable; not stored)", func(s string) error {
+			k, v, ok := strings.Cut(s, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("%q is not name=value", s)
+			}
+			if o.labels == nil {
+				o.labels = map[string]string{}
+			}
+			o.labels[k] = v
+			return nil
+		})
 	case "cancel":
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
 		fs.Func("drain", "`duration` in-flight work may finish, e.g. 30s or 30 (default: the server's --drain-timeout)", func(s string) error {
@@ -340,12 +403,19 @@ func (c *cli) admit(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	reply, err := cl.Admit(ctx, pos[0])
+	req := control.AdmitRequest{RunID: pos[0], Reason: o.reason, Labels: o.labels}
+	if o.budget != (control.BudgetRequest{}) {
+		req.Budget = &o.budget
+	}
+	reply, err := cl.AdmitWith(ctx, req)
 	return show(c, o, reply, err, func(w io.Writer, run state.Run) {
 		if reply.StatusCode == http.StatusCreated {
 			fmt.Fprintf(w, "admitted %s: %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
 		} else {
-			fmt.Fprintf(w, "%s was already %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)
+			fmt.Fprintf(w, "%s was already %s at cancel_version %d (an admission changes nothing of it, its budget included)\n", safe(run.ID), run.Status, run.CancelVersion)
+		}
+		if run.Budget.Limited() {
+			fmt.Fprintf(w, "budget: %s\n", budgetLine(run.Budget))
 		}
 	})
 }

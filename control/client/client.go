@@ -108,7 +108,13 @@ func (e *APIError) Error() string {
 // Admit creates the run ACTIVE at version 1, or returns it if it already
 // is ACTIVE (StatusCode 200 rather than 201).
 func (c *Client) Admit(ctx context.Context, runID string) (Reply[state.Run], error) {
-	return call[state.Run](ctx, c, http.MethodPost, "/v1/runs", nil, control.AdmitRequest{RunID: runID})
+	return c.AdmitWith(ctx, control.AdmitRequest{RunID: runID})
+}
+
+// AdmitWith admits a run with the body given: its reason, its budget, the
+// labels that choose the policy's budget.
+func (c *Client) AdmitWith(ctx context.Context, req control.AdmitRequest) (Reply[state.Run], error) {
+	return call[state.Run](ctx, c, http.MethodPost, "/v1/runs", nil, req)
 }
 
 // CancelOptions are the optional parts of a cancel.
