@@ -216,7 +216,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 			Store: store, Token: secrets.operator, ReadToken: secrets.read, Open: secrets.open, DrainTimeout: cfg.DrainTimeout, StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "control"), Telemetry: inst.tel,
 			CACertPEM: ca.PEM, Metrics: inst.metrics, WebhookSecret: inst.policy.secret,
 			ReloadPolicy: inst.policy.reloader(), Budgets: inst.policy.budget,
-			Tokens:       tokens, Browsers: browserLauncher(inst.launcher),
+			Tokens: tokens, Browsers: browserLauncher(inst.launcher),
 			Endpoints: control.Endpoints{
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
