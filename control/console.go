@@ -420,10 +420,83 @@ type runView struct {
 	InFlight  int
 	Draining  bool
 	Remaining string
+	// Limits are the run's budget beside its usage; Usage what it used.
+	Limits []limitRow
+	Usage  *usageView
 	// DefaultDrain is the server's drain, for the Stop form.
 	DefaultDrain string
 	// Form values to show again after a refused form.
 	Reason, Drain string
+}
+
+// limitRow is one limit of the run's budget as the console draws it: what
+// is used of it, as a share of its width.
+type limitRow struct {
+	Limit, Text string
+	Percent     int
+	Crossed     bool
+}
+
+// usageView is what the run used.
+type usageView struct {
+	Effects, RequestBytes, ResponseBytes int64
+	InputTokens, OutputTokens            int64
+	LLMCalls, Unknown, Unpriced          int64
+	Spend                                string
+	Models                               []modelRow
+	Destinations                         []destinationRow
+	CancelOnUnknown                      bool
+}
+
+type modelRow struct {
+	Model string
+	state.ModelUsage
+}
+
+type destinationRow struct {
+	Host    string
+	Effects int64
+}
+
+// maxConsoleRows bounds the models and destinations a run's page lists.
+const maxConsoleRows = 12
+
+func usageOf(run state.Run, now time.Time) ([]limitRow, *usageView) {
+	u := run.Usage
+	elapsed := now.Sub(run.CreatedAt)
+	if run.Status != state.StatusActive && !run.CancelledAt.IsZero() {
+		elapsed = run.CancelledAt.Sub(run.CreatedAt)
+	}
+	var limits []limitRow
+	for _, l := range run.Budget.Uses(u, elapsed) {
+		pct := int(min(100, l.Used*100/max(l.Max, 1)))
+		limits = append(limits, limitRow{Limit: l.Limit, Text: l.String(), Percent: pct,
+			Crossed: run.Reason == state.BudgetReason(l.Limit)})
+	}
+	view := &usageView{
+		Effects: u[state.CounterEffects], RequestBytes: u[state.CounterRequestBytes], ResponseBytes: u[state.CounterResponseBytes],
+		InputTokens: u[state.CounterInputTokens], OutputTokens: u[state.CounterOutputTokens],
+		LLMCalls: u[state.CounterLLMCalls], Unknown: u[state.CounterUnknownUsage], Unpriced: u[state.CounterUnpriced],
+		Spend: state.FormatUSD(u[state.CounterSpend]), CancelOnUnknown: run.Budget.CancelOnUnknownUsage,
+	}
+	models := u.Models()
+	for _, m := range slices.Sorted(maps.Keys(models)) {
+		if len(view.Models) < maxConsoleRows {
+			view.Models = append(view.Models, modelRow{m, models[m]})
+		}
+	}
+	dests := u.Destinations()
+	for _, h := range slices.SortedFunc(maps.Keys(dests), func(a, b string) int {
+		if c := cmp.Compare(dests[b], dests[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	}) {
+		if len(view.Destinations) < maxConsoleRows {
+			view.Destinations = append(view.Destinations, destinationRow{h, dests[h]})
+		}
+	}
+	return limits, view
 }
 
 // timelineEntry is one line of a run's history: a transition of the run
@@ -490,6 +563,7 @@ func (h *Handler) showRun(w http.ResponseWriter, r *http.Request, out view, stat
 		rv.Timeline = append(rv.Timeline, timelineEntry{Event: e, Effect: byKey[e.Intent]})
 	}
 	rv.Chart = runChart(run, intents, events, time.Now())
+	rv.Limits, rv.Usage = usageOf(run, time.Now())
 	rv.InFlight = run.Intents[state.IntentInFlight]
 	if run.Status == state.StatusCancelling {
 		rv.Draining = true

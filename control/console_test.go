@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -401,5 +402,45 @@ func TestAPIRefusesWritesFromOtherSites(t *testing.T) {
 	}
 	if r := do(t, srv, "POST", "/v1/runs/r1/cancel", "", none); r.status != http.StatusAccepted {
 		t.Errorf("a program's cancel: %d", r.status)
+	}
+}
+
+// TestConsoleShowsARunsUsageAgainstItsLimits: the run's page draws each
+// limit of its budget with what is used of it (the one that cancelled the
+// run marked), its tokens by model, its spend and its unknown usage.
+func TestConsoleShowsARunsUsageAgainstItsLimits(t *testing.T) {
+	store := testkit.FileStore(t)
+	srv, _ := consoleAPI(t, store)
+	ctx := context.Background()
+	if _, err := store.Admit(ctx, state.AdmitRequest{RunID: "b1", Actor: "test", Budget: state.Budget{MaxEffects: 2, MaxTokens: 1000, DrainTimeout: time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	var ins []state.Intent
+	for i := range 3 {
+		res, err := store.Guard(ctx, state.GuardRequest{RunID: "b1", Key: fmt.Sprintf("k%d", i), ExplicitKey: true, Boundary: state.BoundaryHTTP,
+			Target: "https://api.example/v1", LeaseTTL: time.Minute, Actor: "p"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ins = append(ins, res.Intent)
+	}
+	for i, llm := range []*state.LLMUsage{{Model: "gpt-x", Known: true, InputTokens: 120, OutputTokens: 30, Priced: true, Spend: 2_500_000}, {Model: "gpt-x"}} {
+		if _, err := store.Finish(ctx, state.FinishRequest{RunID: "b1", Key: ins[i].Key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: 200, LLM: llm, Actor: "p"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowserLike(t, srv)
+	b.login(testToken, "")
+	p := b.do("GET", "/runs/b1", nil, nil)
+	for _, want := range []string{
+		`data-limit="max_effects"`, "2 / 2", "crossed: cancelled the run", `data-limit="max_tokens"`, "150 / 1000",
+		`id="usage-tokens">120 / 30<`, `id="usage-spend">$0.0025<`, `id="usage-unknown">1 unknown<`, ">gpt-x<", "api.example</span> 2",
+	} {
+		if !strings.Contains(p.body, want) {
+			t.Errorf("the run's page lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(p.body)
 	}
 }
