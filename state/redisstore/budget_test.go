@@ -85,3 +85,52 @@ func TestBudgetIsExactAcrossInstances(t *testing.T) {
 		}
 	}
 }
+
+// TestARunItsBudgetCancelledIsFoundToDrain: the step that cancels a run
+// for its budget cannot be preceded by the draining set's index step (a
+// round trip on every effect); the index step comes after it, and if it
+// is lost (a process gone between the two) the walk of the active set,
+// which still holds the run, moves it into the draining set: a run's drain
+// is never forgotten.
+func TestARunItsBudgetCancelledIsFoundToDrain(t *testing.T) {
+	srv := redisserver.Start(t, redisserver.Options{})
+	s := open(t, srv.URL(), redisstore.Options{})
+	admin := raw(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := s.Admit(ctx, state.AdmitRequest{RunID: "lost", Actor: "t", Budget: state.Budget{MaxEffects: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := s.Guard(ctx, state.GuardRequest{RunID: "lost", Key: fmt.Sprintf("k%d", i), ExplicitKey: true, Boundary: state.BoundaryHTTP, LeaseTTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	draining := func() []string {
+		ids, err := s.DrainingRuns(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(draining()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := draining(); len(got) != 1 || got[0] != "lost" {
+		t.Fatalf("after the budget's cancel the draining set holds %v", got)
+	}
+	// The index step lost: the walk of the active set finds the run.
+	if err := admin.ZRem(ctx, "sg:{index}:draining", "lost").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := draining(); len(got) != 0 {
+		t.Fatalf("%v", got)
+	}
+	if active, err := s.ActiveRuns(ctx, "", 10); err != nil || len(active) != 0 {
+		t.Fatalf("active runs %v %v", active, err)
+	}
+	if got := draining(); len(got) != 1 || got[0] != "lost" {
+		t.Fatalf("after the walk of the active set the draining set holds %v", got)
+	}
+}

@@ -381,6 +381,10 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 				st.err = err
 			}
 		}
+		if st.mut.Publish && st.op != "cancel" {
+			// A run cancelled by one of its own steps.
+			s.indexCancelled(st.run)
+		}
 	}
 	v := g.view
 	v.row, v.found = row, found

@@ -57,7 +57,27 @@ var (
 	// indexEnd comes before a completion, and after a refusal recorded
 	// against a pruned run (so that retention finds the new records).
 	indexEnd = []indexEntry{{endedKey, "n"}}
+	// indexSelfCancel comes after a step that cancelled its run itself
+	// (a budget crossed, a tripwire met, in a guard, an outcome or a
+	// tick), which no index step could come before without a round trip
+	// on every effect of every run: the active set, which holds every run
+	// that may be ACTIVE, stands in until then (ActiveRuns moves what it
+	// finds cancelled into the draining and ended sets).
+	indexSelfCancel = []indexEntry{{drainingKey, "n"}, {endedKey, "n"}}
 )
+
+// indexCancelled indexes a run that a step cancelled itself, in the
+// background: the step is written already, and a failure leaves the run
+// to ActiveRuns.
+func (s *Store) indexCancelled(run string) {
+	go func() {
+		ctx, cancel := s.bound(context.Background())
+		defer cancel()
+		if err := s.index(ctx, "self-cancel", run, indexSelfCancel); err != nil {
+			s.log.Warn("a run its budget or a tripwire cancelled is not in the draining set yet; the sweep of active runs puts it there", "run_id", run, "err", err)
+		}
+	}()
+}
 
 // index adds the id to the indexes named, as the first step of op.
 func (s *Store) index(ctx context.Context, op, runID string, entries []indexEntry) error {
@@ -330,6 +350,14 @@ func (s *Store) ActiveRuns(ctx context.Context, after string, limit int) ([]stri
 				out = append(out, id)
 			default:
 				gone = append(gone, id)
+				if row[0] != string(state.StatusCompleted) {
+					// Cancelled by one of its own steps (a budget, a
+					// tripwire), whose index step may not have come:
+					// it leaves this set only once in the others.
+					if err := s.index(ctx, "active runs", id, indexSelfCancel); err != nil {
+						return nil, err
+					}
+				}
 			}
 		}
 		if len(gone) > 0 {
