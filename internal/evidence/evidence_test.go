@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,6 +101,7 @@ func TestEvidence(t *testing.T) {
 		{"TransparentInFlight", "transparent-mode connections in flight when the cancel lands", "cancel acknowledged → the redirected uid's stream and TLS connection cut", "", caseTransparentInFlight},
 		{"DiskFull", "disk full under the embedded store", "space freed → first request forwarded again", "", caseDiskFull},
 		{"KillMidCommit", "stopgate killed -9 mid-commit on the embedded store; the file reopened", "kill -9 → restarted instance answers", "", caseKillMidCommit},
+		{"BudgetBurst", "a burst of concurrent requests across three instances against a budget of N effects", "the budget's cancel → stream on another instance cut", "", caseBudgetBurst},
 	}
 	n := rounds(t)
 	table := &evidence.Table{}
@@ -692,6 +694,110 @@ func caseThreeInstances(t *testing.T, n int, out *[]evidence.Round) {
 		expect(&r, forwardedAfter == 0, "no request started after the cancel is forwarded, got %d", forwardedAfter)
 		final := settle(t, sgs[1], run, 5*time.Second)
 		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		*out = append(*out, r)
+	}
+}
+
+// caseBudgetBurst: twelve clients, four through each of three instances
+// on one Redis, post as fast as they can under one run admitted with a
+// budget of N effects, a stream of the run open on the third instance.
+// Exactly N are admitted and reach the provider (the stream among them),
+// the one that would cross the budget is refused budget_exceeded and its
+// guard cancels the run (budget:max_effects, by stopgate, once), nothing
+// that started after that refusal is forwarded, and the stream is cut as
+// for any cancel.
+func caseBudgetBurst(t *testing.T, n int, out *[]evidence.Round) {
+	redis := startRedis(t, false)
+	var sgs []*evidence.Stopgate
+	for range 3 {
+		sgs = append(sgs, evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()}))
+	}
+	up := evidence.StartUpstream(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	for i := range n {
+		var r evidence.Round
+		ctx := tctx(t)
+		run := fmt.Sprintf("budget-%d", i)
+		limit := int64(10 + rng.IntN(31))
+		operator(t, "admit "+run, func() (client.Reply[state.Run], error) {
+			return sgs[0].API().AdmitWith(ctx, control.AdmitRequest{RunID: run, Budget: &control.BudgetRequest{MaxEffects: limit, DrainTimeout: "30s"}})
+		})
+		stream, err := openStream(ctx, sgs[2], up, run, run+"-stream")
+		if err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		cutAt := make(chan time.Time, 1)
+		go func() {
+			<-stream.ended
+			cutAt <- time.Now()
+		}()
+		var log attempts
+		log.add(evidence.Attempt{Run: run, Key: run + "-stream", Started: time.Now(), Status: 200})
+		var crossed sync.Once
+		var ack time.Time
+		var wg sync.WaitGroup
+		var byInstance [3]atomic.Int64
+		byInstance[2].Add(1) // the stream
+		for w := range 12 {
+			sg := sgs[w%3]
+			wg.Go(func() {
+				for j := 0; ; j++ {
+					a := log.add(sg.Post(ctx, up, "e", run, fmt.Sprintf("%s-w%d-%d", run, w, j)))
+					if a.Status == 200 {
+						byInstance[w%3].Add(1)
+					}
+					if a.Code == state.RefusalBudgetExceeded {
+						crossed.Do(func() { ack = a.Ended })
+					}
+					if a.Status != 200 || j > 4*int(limit) {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		select {
+		case at := <-cutAt:
+			if !ack.IsZero() {
+				r.Recover = max(at.Sub(ack), time.Microsecond)
+			}
+		case <-time.After(10 * time.Second):
+			expect(&r, false, "the stream on the third instance is cut by the budget's cancel")
+		}
+		admitted, budget, after := 0, 0, 0
+		for _, a := range log.all() {
+			if a.Status == 200 {
+				admitted++
+				if !ack.IsZero() && a.Started.After(ack) {
+					after++
+				}
+			}
+			if a.Code == state.RefusalBudgetExceeded {
+				budget++
+			}
+		}
+		expect(&r, int64(admitted) == limit, "exactly %d effects admitted over three instances, got %d", limit, admitted)
+		expect(&r, budget == 1, "exactly one effect refused budget_exceeded, got %d", budget)
+		expect(&r, after == 0, "no request started after the budget's cancel is forwarded, got %d", after)
+		hits := hitsOf(up, run)
+		sent := 0
+		for _, h := range hits {
+			sent += h
+		}
+		expect(&r, int64(sent) == limit, "the provider counted %d effects of the run, want exactly %d", sent, limit)
+		t.Logf("round %d: budget %d, %d attempts; admitted %d (%d, %d, %d through the three instances), the provider counted %d, %d refused budget_exceeded, %d forwarded after the budget's cancel",
+			i, limit, len(log.all()), admitted, byInstance[0].Load(), byInstance[1].Load(), byInstance[2].Load(), sent, budget, after)
+		final := settle(t, sgs[1], run, 10*time.Second)
+		expect(&r, final.Run.Usage[state.CounterEffects] == limit, "the row counts %d effects, want %d", final.Run.Usage[state.CounterEffects], limit)
+		for _, e := range final.Events {
+			if e.Kind == state.EventRunCancelled {
+				expect(&r, e.Actor == state.ActorStopgate, "the cancel is stopgate's, got %q", e.Actor)
+			}
+		}
+		if ack.IsZero() {
+			ack = time.Now()
+		}
+		judge(&r, log.all(), hits, map[string]time.Time{run: ack}, map[string]string{run: state.BudgetReason(state.LimitEffects)}, map[string]control.Audit{run: final})
 		*out = append(*out, r)
 	}
 }
