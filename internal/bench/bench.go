@@ -60,6 +60,11 @@ type Config struct {
 	// each connection is its own run, as a fleet with one agent per run
 	// sends; the other rows put all connections on one run.
 	RunPerConn bool
+	// Budget adds, beside the stopgate cases on the embedded store and on
+	// Redis everysec, the same processes under runs whose budget (the
+	// policy's, by run id) is a million effects: what counting and
+	// checking a budget costs every effect.
+	Budget bool
 
 	// Cancels is how many cancels the cut latency is measured over.
 	Cancels int
@@ -144,7 +149,10 @@ type env struct {
 	dir       string
 	up        *upstream
 	policy    string
-	allowDest bool
+	// budgetPolicy is policy with the budget of the budget cases' runs
+	// (Config.Budget), for the binary under test only.
+	budgetPolicy string
+	allowDest    bool
 	cache     *cache
 	figures   figures
 	notes     []string
@@ -189,8 +197,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	// The pass-through port is tunnelled unseen, for the cancel phase's tunnels.
 	e.policy = filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(e.policy, []byte(fmt.Sprintf("pass_through:\n  - %q\n", strings.TrimPrefix(up.TunnelURL, "https://"))), 0o644); err != nil {
+	pol := fmt.Sprintf("pass_through:\n  - %q\n", strings.TrimPrefix(up.TunnelURL, "https://"))
+	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
 		return err
+	}
+	e.budgetPolicy = e.policy
+	if cfg.Budget {
+		e.budgetPolicy = filepath.Join(dir, "policy-budget.yaml")
+		pol += fmt.Sprintf("budgets:\n  rules:\n    - name: bench\n      runs: [\"%s*\"]\n      budget: {max_effects: %d}\n", budgetRunPrefix, benchBudget)
+		if err := os.WriteFile(e.budgetPolicy, []byte(pol), 0o644); err != nil {
+			return err
+		}
 	}
 
 	if cfg.Before != "" && cfg.skip("matrix") {
@@ -267,7 +284,7 @@ func cpuModel() string {
 // whether the binary knows --allow-dest (loopback upstreams need it once
 // destinations are checked; before that the flag does not exist).
 func (e *env) startStopgate(ctx context.Context, name, store, dataDir string) (*stopgate, error) {
-	o := stopgateOpts{Name: name, Store: store, DataDir: dataDir, Config: e.policy, UpstreamCert: e.up.CertFile, AllowDest: e.allowDest}
+	o := stopgateOpts{Name: name, Store: store, DataDir: dataDir, Config: e.budgetPolicy, UpstreamCert: e.up.CertFile, AllowDest: e.allowDest}
 	s, err := startStopgate(ctx, e.cfg.Stopgate, e.dir, o)
 	if errors.Is(err, errNoAllowDest) {
 		e.allowDest = false

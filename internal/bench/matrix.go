@@ -39,7 +39,27 @@ type target struct {
 	// missing says why the target is not measured (a peer the machine
 	// could not have); it is still a row of the table.
 	missing string
+	// budget marks a stopgate case whose runs have a budget
+	// (Config.Budget): the same process as the case without, under runs
+	// the policy gives benchBudget effects.
+	budget bool
+	// checkBudget, on a budget case, says whether a run measured had the
+	// budget and counted its effects: a budget row measured without one
+	// would measure nothing.
+	checkBudget func(ctx context.Context, run string) error
 }
+
+// storeName names a stopgate case's store in the tables.
+var storeName = map[string]string{"embedded": "embedded", "everysec": "Redis everysec", "always": "Redis always"}
+
+// budgetRunPrefix starts the runs of the budget cases, which the policy
+// of the binary under test gives a budget of benchBudget effects: more
+// than any measurement makes, so that every effect is counted and checked
+// and none is refused.
+const (
+	budgetRunPrefix = "budget-"
+	benchBudget     = 1_000_000
+)
 
 // measured says whether t takes part in scenario sc.
 func (t target) measured(sc scenario) bool {
@@ -120,6 +140,11 @@ func (e *env) targets(p *mainProcs) []target {
 			out = append(out, sg("before-"+b.store, b.store, true, e.cfg.beforeName()+", "+b.name, b.g, b.r))
 		}
 		out = append(out, sg(c.store, c.store, false, "stopgate, "+c.name, c.g, c.r))
+		if e.cfg.Budget && c.store != "always" {
+			b := sg(c.store+"-budget", c.store, false, "stopgate, "+c.name+", budget 1M effects", c.g, c.r)
+			b.budget, b.checkBudget = true, c.g.checkBudget
+			out = append(out, b)
+		}
 	}
 	return out
 }
@@ -192,11 +217,23 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) ([]*table, error) {
 				}
 				done++
 				run := fmt.Sprintf("bench-%s-%d-%s-r%d", sc.key, sc.conns, t.key, rep)
+				if t.budget {
+					run = budgetRunPrefix + run
+				}
 				res, err := runLoad(ctx, e.spec(sc, t, run))
 				if err != nil {
 					return nil, fmt.Errorf("%s, %d conns, %s: %w", sc.label, sc.conns, t.label, err)
 				}
 				results[si][ti] = append(results[si][ti], res)
+				if t.checkBudget != nil && rep == 0 {
+					measured := run
+					if sc.runPerConn {
+						measured = connRun(run, 0)
+					}
+					if err := t.checkBudget(ctx, measured); err != nil {
+						return nil, fmt.Errorf("%s, %d conns, %s: %w", sc.label, sc.conns, t.label, err)
+					}
+				}
 				e.cfg.logf("[%d/%d] %s ×%d %-26s %8.0f req/s  p50 %s  errors %d", done, total, sc.label, sc.conns, t.label, res.rate(), dur(percentile(res.Latencies, 50)), res.Errors)
 				if res.Errors > 0 {
 					e.cfg.logf("    first error: %s", res.FirstError)
@@ -206,6 +243,9 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) ([]*table, error) {
 	}
 	rows := e.summarizeMatrix(targets, scenarios, results)
 	tables := []*table{e.matrixTable(targets, scenarios, rows), peersTable(targets, scenarios, rows)}
+	if e.cfg.Budget {
+		tables = append(tables, budgetTable(targets, scenarios, results, rows))
+	}
 	if p.before != nil {
 		tables = append(tables, e.beforeAfterTable(targets, scenarios, results, rows))
 	}
@@ -399,7 +439,6 @@ func (e *env) beforeAfterTable(targets []target, scenarios []scenario, results [
 		header: []string{"traffic", "conns", "store", "after ÷ before req/s (min–max)", "× plain goproxy, before → after",
 			"p50, before → after", "proxy CPU µs/req, before → after", "Redis CPU µs/req, before → after"},
 	}
-	storeName := map[string]string{"embedded": "embedded", "everysec": "Redis everysec", "always": "Redis always"}
 	pair := func(before, after string) string { return before + " → " + after }
 	ratio := func(s spread) string {
 		if s.N == 0 {
@@ -409,7 +448,7 @@ func (e *env) beforeAfterTable(targets []target, scenarios []scenario, results [
 	}
 	for si, sc := range scenarios {
 		for ai, at := range targets {
-			if at.store == "" || at.before {
+			if at.store == "" || at.before || at.budget {
 				continue
 			}
 			bi := slices.IndexFunc(targets, func(t target) bool { return t.before && t.store == at.store })
@@ -472,4 +511,34 @@ func summarize(rs, base []loadResult) summary {
 	s.proxyCPU, s.redisCPU = spreadOf(pcpu).Median, spreadOf(rcpu).Median
 	s.others = spreadOf(others).Median
 	return s
+}
+
+// budgetTable sets each stopgate case under runs with a budget beside the
+// same case without: the budget's cost on every effect, counted and
+// checked in the guard's own step.
+func budgetTable(targets []target, scenarios []scenario, results [][][]loadResult, cells [][]cell) *table {
+	t := &table{
+		title:  "A budget of a million effects, beside the same runs without",
+		left:   3,
+		header: []string{"traffic", "conns", "store", "with ÷ without req/s (min–max)", "× plain goproxy, without → with", "p50, without → with", "proxy CPU µs/req, without → with"},
+	}
+	for si, sc := range scenarios {
+		for ti, bt := range targets {
+			if !bt.budget {
+				continue
+			}
+			wi := slices.IndexFunc(targets, func(t target) bool { return !t.budget && !t.before && t.store == bt.store && t.store != "" })
+			b, w := cells[si][ti], cells[si][wi]
+			if wi < 0 || !b.measured || !w.measured {
+				continue
+			}
+			ratio := summarize(results[si][ti], results[si][wi]).ratio
+			t.add(sc.label, fmt.Sprint(sc.conns), storeName[bt.store], ratioCell(ratio),
+				ratioCell(w.ratio)+" → "+ratioCell(b.ratio), dur(w.p50)+" → "+dur(b.p50), micros(w.proxyCPU)+" → "+micros(b.proxyCPU))
+		}
+	}
+	t.notes = append(t.notes, fmt.Sprintf("The same stopgate processes, measured in the same repeats: the budget rows' runs (%s…) are admitted by the policy with max_effects %d, "+
+		"so every effect is counted in the run's row and checked against the limit in the guard's own step (a bound, not a read: docs/budgets.md), and none is refused. "+
+		"with ÷ without is the median of per-repeat ratios of req/s (below 1.00: the budget costs).", budgetRunPrefix, benchBudget))
+	return t
 }

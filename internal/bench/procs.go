@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -285,6 +286,31 @@ func (s *stopgate) readCA(client *http.Client) error {
 // admitted on its first request.
 func (s *stopgate) proxyURL(run string) *url.URL {
 	return &url.URL{Scheme: "http", User: url.UserPassword(run, "1"), Host: s.proxyAddr}
+}
+
+// checkBudget reads run's row and says whether the policy gave it the
+// budget cases' budget, and its effects were counted.
+func (s *stopgate) checkBudget(ctx context.Context, run string) error {
+	code, body, err := s.control(ctx, http.MethodGet, "/v1/runs/"+run, "")
+	if err != nil {
+		return err
+	}
+	var row struct {
+		Budget struct {
+			MaxEffects int64 `json:"max_effects"`
+		} `json:"budget"`
+		Usage struct {
+			Effects int64 `json:"effects"`
+		} `json:"usage"`
+	}
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &row) != nil {
+		return fmt.Errorf("run %s: GET /v1/runs: %d %s", run, code, body)
+	}
+	if row.Budget.MaxEffects != benchBudget || row.Usage.Effects == 0 {
+		return fmt.Errorf("run %s was measured with max_effects %d and %d effects counted, want a budget of %d and its effects counted: %s",
+			run, row.Budget.MaxEffects, row.Usage.Effects, benchBudget, body)
+	}
+	return nil
 }
 
 // control calls the control API with the operator token.

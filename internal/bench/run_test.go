@@ -368,3 +368,40 @@ func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
 		t.Errorf("the after binary was started without --allow-dest:\n%s", out.String())
 	}
 }
+
+// The budget cases at toy sizes: the same processes under runs the policy
+// gives a million effects, each checked to have had the budget, beside the
+// same cases without, in the main table and in a table of their own.
+func TestBudgetCasesSitBesideTheSameCasesWithout(t *testing.T) {
+	dir := t.TempDir()
+	buildBinaries(t, dir)
+	var out, log bytes.Buffer
+	cfg := bench.Config{
+		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
+		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{4}, RunPerConn: true, Budget: true,
+		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := bench.Run(ctx, cfg); err != nil {
+		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
+	}
+	flat := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{
+		"| HTTP GET | stopgate, embedded store, budget 1M effects | 4 |",
+		"| HTTPS GET (MITM) | stopgate, Redis everysec, budget 1M effects | 4 |",
+		"| HTTP GET, a run per connection | stopgate, Redis everysec, budget 1M effects | 4 |",
+		"### A budget of a million effects, beside the same runs without",
+		"| HTTP GET | 4 | embedded |", "| HTTPS GET (MITM) | 4 | Redis everysec |",
+	} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(flat, "Redis always, budget") {
+		t.Error("a budget case on Redis always: the budget cases are the embedded store's and everysec's")
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s\nlog:\n%s", out.String(), log.String())
+	}
+}

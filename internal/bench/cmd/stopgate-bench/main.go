@@ -60,6 +60,7 @@ func parseFlags(args []string) (bench.Config, error) {
 	conns := fs.String("conns", "1,64", "connection counts of the main table, comma-separated")
 	fs.BoolVar(&cfg.Post, "post", false, "add a small POST at the largest connection count")
 	fs.BoolVar(&cfg.RunPerConn, "run-per-conn", true, "add an HTTP GET at the largest connection count with each connection its own run (-run-per-conn=false leaves it out)")
+	fs.BoolVar(&cfg.Budget, "budget", true, "add, beside the embedded and Redis everysec cases, the same cases under runs with a budget of a million effects, and a table of what the budget costs (-budget=false leaves them out)")
 	fs.IntVar(&cfg.Cancels, "cancels", 100, "cancels the cut latency is measured over")
 	fs.IntVar(&cfg.MemRuns, "mem-runs", 10000, "runs admitted to measure Redis memory per run")
 	fs.IntVar(&cfg.MemIntents, "mem-intents", 10000, "requests sent to measure Redis memory per intent")
