@@ -145,17 +145,17 @@ func (c *Config) check() error {
 // env is what every phase shares: the upstream and the processes of the
 // main table.
 type env struct {
-	cfg       *Config
-	dir       string
-	up        *upstream
-	policy    string
+	cfg    *Config
+	dir    string
+	up     *upstream
+	policy string
 	// budgetPolicy is policy with the budget of the budget cases' runs
 	// (Config.Budget), for the binary under test only.
 	budgetPolicy string
 	allowDest    bool
-	cache     *cache
-	figures   figures
-	notes     []string
+	cache        *cache
+	figures      figures
+	notes        []string
 }
 
 // Run runs every phase and prints the tables.
