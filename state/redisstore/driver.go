@@ -564,7 +564,6 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "H": 2, "+": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
 	"x": 1, "p": 2, "D": 0, "R": 1, "c": 2}
 
-
 // reads lists the fields of the run's hash the group's steps touch besides
 // the row's own (which the program always reads first), and the
 // derived-key counters. A field named twice is read twice, which changes
