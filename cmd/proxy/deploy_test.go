@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 	k8sjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/state/stores"
@@ -684,8 +686,13 @@ func TestDeployRedisConfigSatisfiesRequireDurable(t *testing.T) {
 		t.Fatalf("redis.conf's dir %v is not the PersistentVolumeClaim's mount", dataDir)
 	}
 	dir := t.TempDir()
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
+	// redis-server takes no port 0: one that was free a moment ago.
+	free, err := redisserver.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(free)
+	addr := net.JoinHostPort("127.0.0.1", port)
 	// The volume is a temp dir here; later lines win: the test's port and address.
 	local := strings.Replace(conf, dataDir[0], "dir "+dir, 1) + fmt.Sprintf("\nport %s\nbind 127.0.0.1\nrequirepass test-password\n", port)
 	if err := os.WriteFile(filepath.Join(dir, "redis.conf"), []byte(local), 0o600); err != nil {
