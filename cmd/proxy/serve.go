@@ -521,6 +521,7 @@ func (inst *instance) logStart() {
 		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "effects", len(pol.Effects), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
 		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
 		"report_dest", len(pol.Destinations.Report), "dest_default", destinationDefault(pol),
+		"budget_rules", len(pol.Budgets.Rules), "tripwires", len(pol.Tripwires), "llm_providers", len(pol.LLM.Providers), "llm_prices", len(pol.LLM.Prices),
 		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax,
 		"isolation", cfg.BrowserIsolation, "require_run_token", cfg.RequireRunToken, "upload_dir", cfg.BrowserUploadDir)
