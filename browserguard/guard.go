@@ -68,6 +68,9 @@ type Config struct {
 	Browsers func(run string) (*DevTools, bool)
 	// AutoAdmit admits an unseen run on its first action (never a tombstone).
 	AutoAdmit bool
+	// Budget is the budget the policy gives a run the guard admits
+	// (AutoAdmit); nil admits it without one.
+	Budget func(run string) state.Budget
 	// Tokens verifies run tokens in the URLs' credential segment; with
 	// RequireToken, a URL without a token that verifies (and names its
 	// run) is refused, on the /json endpoints and the websocket upgrade

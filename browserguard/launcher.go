@@ -72,8 +72,10 @@ type LauncherConfig struct {
 	// GuardAddr is the address the Guard listens on (host:port), for the
 	// websocket URLs handed out; an unspecified host becomes 127.0.0.1.
 	GuardAddr string
-	// AutoAdmit admits an unseen run at its first launch.
+	// AutoAdmit admits an unseen run at its first launch; Budget is the
+	// budget the policy gives it (nil: none).
 	AutoAdmit bool
+	Budget    func(run string) state.Budget
 	// TempDir holds each browser's profile directory ("" = os.TempDir()).
 	TempDir string
 	// StartTimeout bounds a browser's start until it answers on its pipe.
@@ -258,10 +260,14 @@ func (l *Launcher) Launch(ctx context.Context, req LaunchRequest) (Launched, err
 		method = attachMethod
 	}
 	target := "chromium:" + l.cfg.Chromium
-	res, err := l.cfg.Ledger.Begin(ctx, state.GuardRequest{
+	greq := state.GuardRequest{
 		RunID: run, ObservedVersion: observed, Key: intents.DerivedKey(run, method, target, ""),
 		Boundary: state.BoundaryBrowser, Method: method, Target: target, AutoAdmit: l.cfg.AutoAdmit, Actor: actor,
-	})
+	}
+	if greq.AutoAdmit && l.cfg.Budget != nil {
+		greq.Budget = l.cfg.Budget(run)
+	}
+	res, err := l.cfg.Ledger.Begin(ctx, greq)
 	if err != nil {
 		return Launched{}, fmt.Errorf("launch a browser for run %s: %w", run, err)
 	}

@@ -212,6 +212,9 @@ func (s *session) handle(data []byte) {
 		RunID: s.run, ObservedVersion: s.version, Key: intents.DerivedKey(s.run, c.Method, keyTarget, digest),
 		Boundary: state.BoundaryBrowser, Method: c.Method, Target: recorded, BodyDigest: digest, AutoAdmit: s.g.cfg.AutoAdmit,
 	}
+	if greq.AutoAdmit && s.g.cfg.Budget != nil {
+		greq.Budget = s.g.cfg.Budget(s.run)
+	}
 	// The guard's answer is learned even if the client goes meanwhile: an
 	// admission nobody heard of would sit IN_FLIGHT until its lease expires.
 	started := time.Now()

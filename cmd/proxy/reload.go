@@ -61,6 +61,12 @@ func (h *policyHolder) budget(runID string, labels map[string]string, given stat
 	return h.pol.Load().Budgets.Admitted(runID, labels, given, h.cfg.DrainTimeout)
 }
 
+// autoBudget is the budget the policy in force gives a run admitted on
+// first sight (no labels, nothing given).
+func (h *policyHolder) autoBudget(runID string) state.Budget {
+	return h.budget(runID, nil, state.Budget{})
+}
+
 // reloader is the control API's reload, nil without a policy file.
 func (h *policyHolder) reloader() control.PolicyReloader {
 	if h.cfg.Config == "" {

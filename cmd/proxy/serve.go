@@ -197,14 +197,14 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 		inst.policy.egress = inst.egress
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
-			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
+			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Budget: inst.policy.autoBudget, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
 			Logger: log.With("component", "launcher"), Telemetry: inst.tel,
 			Sandbox: sandbox, Tokens: tokens, RequireToken: cfg.RequireRunToken,
 		})
 	}
 	if err == nil {
 		inst.guard, err = browserguard.New(browserguard.Config{
-			Store: store, Ledger: inst.ledger, Watcher: inst.watcher, Browsers: inst.launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
+			Store: store, Ledger: inst.ledger, Watcher: inst.watcher, Browsers: inst.launcher.DevTools, AutoAdmit: cfg.AutoAdmit, Budget: inst.policy.autoBudget,
 			StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"), Telemetry: inst.tel,
 			Tokens: tokens, RequireToken: cfg.RequireRunToken, Uploads: cfg.BrowserUploadDir,
 		})
