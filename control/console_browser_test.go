@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -272,4 +273,70 @@ func unknownRun(t *testing.T, store state.Store, id, key string) {
 	if run, err := store.Tick(ctx, state.TickRequest{RunID: id, Actor: "sweeper:stopgate@host/1"}); err != nil || run.Status != state.StatusUnknown {
 		t.Fatalf("tick: %+v %v; want UNKNOWN", run, err)
 	}
+}
+
+// TestConsoleDrawsARunsBudgetInChromium: a run cancelled by its budget, in
+// a real Chromium: each limit's bar is drawn (the one crossed marked), the
+// tokens by model listed. It saves budget.png beside the other screenshots.
+func TestConsoleDrawsARunsBudgetInChromium(t *testing.T) {
+	chromium := testkit.Chromium(t)
+	store := testkit.FileStore(t)
+	srv, _ := consoleAPI(t, store)
+	ctx := context.Background()
+	if _, err := store.Admit(ctx, state.AdmitRequest{RunID: "agent-budget", Actor: "operator", Budget: state.Budget{
+		MaxEffects: 4, MaxTokens: 2000, MaxSpend: state.NanoUSD / 10, MaxWallTime: time.Hour, DrainTimeout: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, target := range []string{"https://api.openai.com/v1/chat/completions", "https://api.anthropic.com/v1/messages", "https://api.github.com/repos/x", "https://api.openai.com/v1/chat/completions", "https://api.github.com/repos/y"} {
+		res, err := store.Guard(ctx, state.GuardRequest{RunID: "agent-budget", Key: fmt.Sprintf("k%d", i), ExplicitKey: true, Boundary: state.BoundaryHTTP,
+			Method: "POST", Target: target, LeaseTTL: time.Minute, Actor: "proxy", RequestBytes: 300})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Admitted {
+			continue
+		}
+		llm := map[int]*state.LLMUsage{
+			0: {Model: "gpt-4o", Known: true, InputTokens: 420, OutputTokens: 180, Priced: true, Spend: 2_850_000},
+			1: {Model: "claude-sonnet-4-5", Known: true, InputTokens: 610, OutputTokens: 240, Priced: true, Spend: 5_430_000},
+			3: {Model: "gpt-4o"},
+		}[i]
+		if _, err := store.Finish(ctx, state.FinishRequest{RunID: "agent-budget", Key: res.Intent.Key, Attempt: 1, Outcome: state.IntentResponded,
+			StatusCode: 200, ResponseBytes: 2048, LLM: llm, Actor: "proxy"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(t.TempDir()))...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	step, cancelStep := context.WithTimeout(browser, time.Minute)
+	defer cancelStep()
+	if err := chromedp.Do(step, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), testToken), chromedp.Click(chromedp.ID("login")), chromedp.WaitVisible(chromedp.ID("runs")),
+		chromedp.Navigate(srv.URL+"/runs/agent-budget"), chromedp.WaitVisible(chromedp.ID("usage"))); err != nil {
+		t.Fatalf("open the run: %v", err)
+	}
+	bars, err := chromedp.Run(step, chromedp.Evaluate[int](`document.querySelectorAll('#usage .limit svg.meter rect.fill').length`))
+	if err != nil || bars != 4 {
+		t.Fatalf("%d limit bars drawn (%v), want 4: max_effects, max_wall_time, max_tokens, max_spend_usd", bars, err)
+	}
+	crossed, err := chromedp.Run(step, chromedp.Evaluate[string](`document.querySelector('#usage .limit.crossed').dataset.limit`))
+	if err != nil || crossed != "max_effects" {
+		t.Fatalf("the limit marked crossed: %q (%v)", crossed, err)
+	}
+	width, err := chromedp.Run(step, chromedp.Evaluate[float64](`document.querySelector('#usage .limit.crossed svg.meter').getBoundingClientRect().width`))
+	if err != nil || width < 100 {
+		t.Fatalf("the crossed limit's bar is %v px wide (%v): not drawn", width, err)
+	}
+	png, err := chromedp.Run(step, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := artifactsDir(t)
+	if err := os.WriteFile(filepath.Join(dir, "budget.png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("budget.png in %s", dir)
 }
