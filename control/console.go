@@ -370,7 +370,7 @@ func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request, v consoleVisi
 	// The API's query: by status, id prefix and time, the latest first.
 	q, err := ParseRunQuery(url.Values{"status": {qv.Get("status")}, "prefix": {rv.Query}, "since": {rv.Since}}, time.Now())
 	if err != nil {
-		out.Error = strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": ") + ": showing every run."
+		out.Error = state.Why(err) + ": showing every run."
 		q, rv.Query, rv.Since = RunQuery{}, "", ""
 	}
 	q.Sort, q.Limit = SortByUpdated, maxListedRuns

@@ -256,16 +256,10 @@ func idempotencyKey(h http.Header) (string, bool, *refusal.Refusal) {
 	}
 	key := values[0]
 	if err := state.ValidateKey(key); err != nil {
-		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %v; nothing was sent", err)
+		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %s; nothing was sent", state.Why(err))
 	}
-	// The control API keys queue claims "claim:<step>" and scheduled
-	// retries "retry:<step>:<n>": an agent's request under one of these
-	// would overwrite that record.
-	for _, prefix := range [...]string{"claim:", "retry:"} {
-		if strings.HasPrefix(strings.ToLower(key), prefix) {
-			return "", false, refusal.New(refusal.InvalidRequest,
-				"Idempotency-Key %q starts with %q, which stopgate reserves for queue claims and retries of the control API; nothing was sent", key, prefix)
-		}
+	if err := state.CheckUnreserved(key); err != nil {
+		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %s; nothing was sent", state.Why(err))
 	}
 	return key, true, nil
 }

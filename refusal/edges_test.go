@@ -347,3 +347,43 @@ func TestRunNotAdmittedIsTheSameEverywhere(t *testing.T) {
 		t.Errorf("the upstream saw %d requests", n)
 	}
 }
+
+// TestReservedKeysAreRefusedTheSameByProxyAndControl: the keys of queue
+// claims and retries are stopgate's, in any case, on both edges that take a
+// key from their caller (the proxy's Idempotency-Key, the control API's
+// generic intents), with the one sentence package state words; nothing is
+// recorded and nothing reaches the upstream.
+func TestReservedKeysAreRefusedTheSameByProxyAndControl(t *testing.T) {
+	e := newEdges(t, true)
+	if _, err := e.store.Admit(context.Background(), state.AdmitRequest{RunID: "r", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"claim:x", "CLAIM:x", "Retry:s:2", "rEtRy:"} {
+		rule := state.CheckUnreserved(key)
+		if rule == nil {
+			t.Fatalf("state.CheckUnreserved(%q) = nil: the rule this test holds the edges to is gone", key)
+		}
+		why := state.Why(rule)
+		for edge, a := range map[string]answer{
+			"proxy":   e.viaProxy(t, "POST", basic("r", ""), http.Header{"Idempotency-Key": {key}}, "x"),
+			"control": e.viaControl(t, "POST", "/v1/runs/r/intents", `{"key":"`+key+`"}`),
+		} {
+			wantHTTP(t, edge, refusal.InvalidRequest, a)
+			if !strings.Contains(a.body.Message, why) {
+				t.Errorf("%s: key %q refused with %q, want the rule's words %q", edge, key, a.body.Message, why)
+			}
+		}
+	}
+	for _, key := range []string{"claimx", "my-claim:x", "retry"} {
+		if err := state.CheckUnreserved(key); err != nil {
+			t.Errorf("state.CheckUnreserved(%q) = %v: only the prefixes themselves are reserved", key, err)
+		}
+	}
+	if n := e.up.Hits.Load(); n != 0 {
+		t.Errorf("the upstream saw %d requests under reserved keys, want none", n)
+	}
+	ins, err := e.store.Intents(context.Background(), "r")
+	if err != nil || len(ins) != 0 {
+		t.Errorf("intents recorded under reserved keys: %+v %v", ins, err)
+	}
+}

@@ -346,7 +346,7 @@ func (c *serveConfig) checkStore(bad badFlag) error {
 		case c.Store == "":
 			name = "data-dir"
 		}
-		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return bad(name, "%s", state.Why(err))
 	}
 	if c.Retention < 0 {
 		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)
@@ -371,7 +371,7 @@ func (c *serveConfig) checkFiles(bad badFlag) error {
 	}
 	if c.Run != "" {
 		if err := state.ValidateRunID(c.Run); err != nil {
-			return bad("run", "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+			return bad("run", "%s", state.Why(err))
 		}
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"strings"
 
 	"github.com/stopgate/stopgate/agentexec"
 	"github.com/stopgate/stopgate/state"
@@ -80,7 +79,7 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return usagef("exec", "--uid 0: root is never redirected away from its own rules; pick an unprivileged uid")
 	}
 	if err := state.ValidateRunID(o.run); err != nil {
-		return usagef("exec", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("exec", "--run: %s", state.Why(err))
 	}
 	sig, err := agentexec.ParseSignal(o.cancelSignal)
 	if err != nil {

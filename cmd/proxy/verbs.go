@@ -198,7 +198,7 @@ func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Cl
 			err = state.ValidateKey(pos[i])
 		}
 		if err != nil {
-			return nil, nil, nil, usagef(verb, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+			return nil, nil, nil, usagef(verb, "%s", state.Why(err))
 		}
 	}
 	if o.version < 0 {
@@ -470,7 +470,7 @@ func (c *cli) runs(ctx context.Context, args []string) error {
 	}
 	q, err := control.ParseRunQuery(v, time.Now())
 	if err != nil {
-		return usagef("runs", "--%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("runs", "--%s", state.Why(err))
 	}
 	reply, err := cl.RunsWhere(ctx, q)
 	return show(c, o, reply, err, func(w io.Writer, list control.RunList) {
@@ -580,7 +580,7 @@ func (c *cli) browser(ctx context.Context, args []string) error {
 		return usagef("browser", "--run is required: the run the browser belongs to")
 	}
 	if err := state.ValidateRunID(o.run); err != nil {
-		return usagef("browser", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("browser", "--run: %s", state.Why(err))
 	}
 	reply, err := cl.Browser(ctx, o.run, control.BrowserRequest{CancelVersion: o.version})
 	return show(c, o, reply, err, func(w io.Writer, b control.BrowserResponse) {
