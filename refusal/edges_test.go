@@ -21,6 +21,7 @@ import (
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
@@ -58,7 +59,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pass, err := proxy.NewHostSet([]string{"*" + passThroughSuffix})
+	pass, err := policy.NewHostSet([]string{"*" + passThroughSuffix})
 	if err != nil {
 		t.Fatal(err)
 	}
