@@ -148,7 +148,7 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	}
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		Rules: rules,
+		Rules:   rules,
 		MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
 		Logger: log, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
 		MaxConns: opts.maxConns, MaxConnsPerRun: opts.maxPerRun, HandshakeTimeout: opts.handshake, IdleTimeout: opts.idle,
