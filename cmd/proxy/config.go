@@ -17,6 +17,7 @@ import (
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
 	"github.com/stopgate/stopgate/state/stores"
 )
 
@@ -223,7 +224,7 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 			onCommandLine = append(onCommandLine, "--"+name)
 		}
 	}
-	if source["store"] != "" && stores.HasSecret(cfg.Store) {
+	if source["store"] != "" && redisstore.HasSecret(cfg.Store) {
 		onCommandLine = append(onCommandLine, "--store")
 	}
 	cfg.SecretsOnCommandLine = strings.Join(onCommandLine, ",")

@@ -32,7 +32,7 @@ import (
 
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
-	"github.com/stopgate/stopgate/state/stores"
+	"github.com/stopgate/stopgate/state/redisstore"
 )
 
 // The tests of deploy/: the files an operator copies must work as shipped.
@@ -526,7 +526,7 @@ func TestDeployAgentPodWiring(t *testing.T) {
 		t.Errorf("stopgate: --run %q, want the worker's RUN_ID %q", cfg.Run, runID.Value)
 	}
 	if !cfg.RequireDurable || cfg.CACert == "" || !strings.HasPrefix(cfg.Store, "redis://") {
-		t.Errorf("stopgate: want the fleet's Redis with --require-durable and the fleet CA, got store %q durable %v ca %q", stores.Redact(cfg.Store), cfg.RequireDurable, cfg.CACert)
+		t.Errorf("stopgate: want the fleet's Redis with --require-durable and the fleet CA, got store %q durable %v ca %q", redisstore.Redact(cfg.Store), cfg.RequireDurable, cfg.CACert)
 	}
 	sidecarUID, _ := effectiveUser(spec, sidecar)
 	workerUID, _ := effectiveUser(spec, worker)
@@ -649,10 +649,10 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 	redisPassword := f.redis.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
 	for name, sc := range map[string]serveConfig{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
 		if !strings.HasPrefix(sc.Store, want) {
-			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(sc.Store), want)
+			t.Errorf("%s: store %s is not the Redis Service (%s)", name, redisstore.Redact(sc.Store), want)
 		}
 		// The password Redis asks, apart from the URL.
-		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || stores.HasSecret(sc.Store) {
+		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || redisstore.HasSecret(sc.Store) {
 			t.Errorf("%s: the store password is not Redis's, from its Secret, apart from the URL", name)
 		}
 	}

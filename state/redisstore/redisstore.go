@@ -74,7 +74,7 @@ type Store struct {
 	cancelReplicas int
 	log            *slog.Logger
 	addr           string // for messages: the URL with the password hidden
-	tgt            target // what the URL names, for Exposure's probe
+	tgt            URL    // what the URL names, for Exposure's probe
 
 	// seen is what this process last saw of runs (driver.go): a run in it
 	// has a row, so its index entry exists already (index.go).
@@ -91,17 +91,15 @@ type Store struct {
 
 var _ state.Store = (*Store)(nil)
 
-// Open connects to the Redis the URL names and checks that it answers.
-// URLs: redis://[[user]:pass@]host:port/DB, rediss://… (TLS),
-// redis-sentinel://[[user]:pass@]host:port[,host:port…]/DB?master=NAME,
-// redis-cluster://[[user]:pass@]host:port[,host:port…].
+// Open connects to the Redis the URL names (its forms: see URL) and checks
+// that it answers.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
-	t, err := parseURL(url)
+	t, err := ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", state.ErrInvalid, err)
+		return nil, err
 	}
-	if err := t.withPassword(opts.Password); err != nil {
-		return nil, fmt.Errorf("%w: store URL %q: %w", state.ErrInvalid, Redact(url), err)
+	if t, err = t.WithPassword(opts.Password); err != nil {
+		return nil, err
 	}
 	if opts.OpTimeout < 0 {
 		return nil, fmt.Errorf("%w: op timeout %s is negative", state.ErrInvalid, opts.OpTimeout)
@@ -122,7 +120,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		opTimeout:      opts.OpTimeout,
 		cancelReplicas: opts.CancelReplicas,
 		log:            opts.Logger.With("store", "redis"),
-		addr:           Redact(url),
+		addr:           t.Redacted(),
 		subs:           map[*redis.PubSub]struct{}{},
 		seen:           newSeenRuns(),
 		clock:          opts.Clock,
@@ -171,49 +169,28 @@ const (
 // an effect) would run a second time. A failed operation is reported as
 // ErrUnavailable instead, and the caller decides (the proxy fails closed).
 // Timeouts follow OpTimeout so that a stopped server costs at most that.
-func newClient(t target, opTimeout time.Duration) redis.UniversalClient {
-	switch t.kind {
-	case "sentinel":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            t.master,
-			SentinelAddrs:         t.addrs,
-			SentinelPassword:      t.sentinelPassword,
-			Username:              t.username,
-			Password:              t.password,
-			DB:                    t.db,
-			MaxRetries:            -1,
-			DialTimeout:           opTimeout,
-			ReadTimeout:           opTimeout,
-			WriteTimeout:          opTimeout,
-			PoolTimeout:           opTimeout,
-			ContextTimeoutEnabled: true,
-			DialerRetries:         dialAttempts,
-			DialerRetryTimeout:    dialBackoff,
-		})
-	case "cluster":
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 t.addrs,
-			Username:              t.username,
-			Password:              t.password,
-			MaxRetries:            -1,
-			DialTimeout:           opTimeout,
-			ReadTimeout:           opTimeout,
-			WriteTimeout:          opTimeout,
-			PoolTimeout:           opTimeout,
-			ContextTimeoutEnabled: true,
-			DialerRetries:         dialAttempts,
-			DialerRetryTimeout:    dialBackoff,
-		})
-	default:
-		opt := *t.node
+func newClient(u URL, opTimeout time.Duration) redis.UniversalClient {
+	switch u.kind {
+	case KindSentinel:
+		opt := *u.failover
 		opt.MaxRetries = -1
-		opt.DialTimeout = opTimeout
-		opt.ReadTimeout = opTimeout
-		opt.WriteTimeout = opTimeout
-		opt.PoolTimeout = opTimeout
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
 		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries = dialAttempts
-		opt.DialerRetryTimeout = dialBackoff
+		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
+		return redis.NewFailoverClient(&opt)
+	case KindCluster:
+		opt := *u.cluster
+		opt.MaxRetries = -1
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
+		return redis.NewClusterClient(&opt)
+	default:
+		opt := *u.node
+		opt.MaxRetries = -1
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
 		return redis.NewClient(&opt)
 	}
 }
