@@ -124,8 +124,8 @@ func New(opts Options) (*Handler, error) {
 	if opts.Store == nil {
 		return nil, errors.New("control: no store")
 	}
-	if opts.DrainTimeout < 0 {
-		return nil, fmt.Errorf("control: drain timeout %s is negative", opts.DrainTimeout)
+	if err := state.CheckDrainTimeout(opts.DrainTimeout); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
 	}
 	creds, err := newCredentials(opts)
 	if err != nil {

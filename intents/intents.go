@@ -56,6 +56,11 @@ type Ledger struct {
 	held map[state.IntentRef]struct{}
 }
 
+// DefaultLeaseTTL is how long an IN_FLIGHT intent stays leased to its
+// carrier without a renewal when none is set: a carrier killed with -9
+// leaves its effects UNKNOWN that much later.
+const DefaultLeaseTTL = 15 * time.Second
+
 // LedgerOptions configure a Ledger.
 type LedgerOptions struct {
 	// Owner names this instance in leases and in the audit log.
@@ -71,7 +76,7 @@ type LedgerOptions struct {
 // NewLedger returns a ledger; call Run to keep its leases alive.
 func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
 	if opts.LeaseTTL <= 0 {
-		opts.LeaseTTL = 15 * time.Second
+		opts.LeaseTTL = DefaultLeaseTTL
 	}
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = state.DefaultTimeout

@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/stopgate/stopgate/agentexec"
+	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -69,8 +70,8 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return usagef("exec", "missing CMD: stopgate exec --run RUN [--no-isolate | --isolate --uid UID] -- CMD [ARGS...]")
 	case o.version < 0:
 		return usagef("exec", "--version %d: want a cancel_version of 1 or more", o.version)
-	case o.uidSet && (o.uid < 0 || o.uid > 1<<32-2):
-		return usagef("exec", "--uid %d: want 0 to %d", o.uid, int64(1<<32-2))
+	case o.uidSet && redirect.CheckUID(o.uid) != "":
+		return usagef("exec", "--%s", redirect.CheckUID(o.uid))
 	case o.noIsolate && (o.isolate || o.uidSet):
 		return usagef("exec", "--no-isolate and --isolate/--uid: pick one")
 	case o.uidSet && !o.isolate:
