@@ -220,7 +220,7 @@ func TestUnsafeInFlightRequestIsCutAtDrainDeadlineAsUnknown(t *testing.T) {
 	if r.Recorded != "UNKNOWN" || !strings.Contains(r.Message, "drain_timeout") {
 		t.Fatalf("cut at the deadline: %s", body)
 	}
-	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
+	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != state.ReasonDrainTimeout {
 		t.Fatalf("intent %+v", in)
 	}
 }
@@ -528,7 +528,7 @@ func TestStreamToDestinationWithoutEffectsIsCutAtTheCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, "run_cancelled") {
+			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, state.ReasonRunCancelled) {
 				return true
 			}
 		}
@@ -638,7 +638,7 @@ func TestStreamedAnswerOfAnEffectDrains(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, ev := range evs {
-					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, "drain_timeout") {
+					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, state.ReasonDrainTimeout) {
 						return true
 					}
 				}

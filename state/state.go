@@ -214,7 +214,29 @@ const (
 	ReasonLeaseExpired = "lease_expired"
 	ReasonRunCancelled = "run_cancelled"
 	ReasonLateResponse = "late_response"
+	// ReasonShutdown: an effect cut because its stopgate instance shut down.
+	ReasonShutdown = "stopgate_shutdown"
 )
+
+// ReasonRunOver is the reason of an effect cut because its run is over:
+// run_CANCELLED, run_COMPLETED, run_UNKNOWN.
+func ReasonRunOver(s Status) string { return "run_" + string(s) }
+
+// CutBy reports whether an outcome's or a note's reason says stopgate cut
+// the effect (the reason may lead with the outcome's source and follow
+// with a detail: "policy: run_cancelled: safe request").
+func CutBy(reason string) bool {
+	cut := []string{ReasonRunCancelled, ReasonDrainTimeout, ReasonShutdown}
+	for _, s := range []Status{StatusCancelled, StatusCompleted, StatusUnknown} {
+		cut = append(cut, ReasonRunOver(s))
+	}
+	for _, c := range cut {
+		if strings.Contains(reason, c) {
+			return true
+		}
+	}
+	return false
+}
 
 // Refusal reasons the guard returns.
 const (

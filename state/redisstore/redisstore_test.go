@@ -132,7 +132,7 @@ func TestScriptsReloadAfterScriptFlush(t *testing.T) {
 		}
 	}
 	r := must(s.Get(ctx, "r"))(t)
-	if r.Status != state.StatusUnknown || r.StatusReason != "drain_timeout" {
+	if r.Status != state.StatusUnknown || r.StatusReason != state.ReasonDrainTimeout {
 		// drain 0: the tick cut k2, still in flight, at once.
 		t.Fatalf("run after the walk: %+v", r)
 	}
