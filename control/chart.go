@@ -216,7 +216,6 @@ func runChart(run state.Run, intents []state.Intent, events []state.Event, now t
 	return c
 }
 
-
 // tickStep is the step of at most about eight ticks over d.
 func tickStep(d time.Duration) time.Duration {
 	for _, s := range []time.Duration{
