@@ -315,7 +315,7 @@ func (h *Handler) api(rt route) http.Handler {
 			h.writeError(w, r, err)
 			return
 		}
-		writeJSON(w, status, body)
+		refusal.WriteJSON(w, status, body)
 	})
 }
 
@@ -391,7 +391,7 @@ func (h *Handler) ca(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
@@ -401,7 +401,7 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, refusal.New(refusal.StoreUnavailable, "store did not answer a ping within %s: %v", ReadyTimeout, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 // responseWriter remembers whether the header was written, so that a panic

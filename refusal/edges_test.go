@@ -388,3 +388,39 @@ func TestReservedKeysAreRefusedTheSameByProxyAndControl(t *testing.T) {
 		t.Errorf("intents recorded under reserved keys: %+v %v", ins, err)
 	}
 }
+
+// TestJSONAnswersHaveOneShapeOfHeaders: a JSON answer of the control API,
+// one of the browser guard's discovery endpoints and a refusal carry the
+// same headers (one writer, refusal.WriteJSON, behind all of them).
+func TestJSONAnswersHaveOneShapeOfHeaders(t *testing.T) {
+	e := newEdges(t, true)
+	if _, err := e.store.Admit(context.Background(), state.AdmitRequest{RunID: "j", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ws := e.launch(t, "j")
+	version := strings.Replace(ws[:strings.Index(ws, "/devtools/")], "ws://", "http://", 1) + "/json/version"
+	get := func(url string) *http.Response {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	answers := map[string]*http.Response{
+		"control /healthz":              get(e.control.URL + "/healthz"),
+		"browser guard /json/version":   get(version),
+		"control refusal (no such run)": get(e.control.URL + "/v1/runs/nobody"),
+	}
+	for name, resp := range answers {
+		if name != "control refusal (no such run)" && resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", name, resp.StatusCode)
+		}
+		for _, h := range []string{"Content-Type", "Cache-Control", "X-Content-Type-Options"} {
+			if got, want := resp.Header.Get(h), answers["control /healthz"].Header.Get(h); got != want || got == "" {
+				t.Errorf("%s: %s %q, the control API's %q", name, h, got, want)
+			}
+		}
+	}
+}
