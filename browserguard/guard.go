@@ -437,4 +437,3 @@ func (g *Guard) Close(ctx context.Context) error {
 		return fmt.Errorf("browser guard: %d CDP connections still closing: %w", g.Connections(), ctx.Err())
 	}
 }
-

@@ -43,7 +43,6 @@ func (h *Handler) notFound(r *http.Request, err error) *refusal.Refusal {
 	return refusal.Wrap(err, refusal.NotFound, "%v", err)
 }
 
-
 // decode reads a JSON body into dst, strictly: one object, no unknown
 // fields, at most MaxBodyBytes. An empty body leaves dst as it is, so that
 // endpoints whose fields are all optional take no body at all.
