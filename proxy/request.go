@@ -196,7 +196,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 			greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
 		}
 	}
-	greq.Target = recordedTarget(req.URL, rawURL)
+	greq.Target = intents.RecordedTarget(req.URL, rawURL)
 	if r := p.destination(req, ex, boundary, checkedAddr(req.Context(), canonicalAddr(req.URL))); r != nil {
 		return req, p.refuse(req, ex, boundary, p.denied(req, ex, r, withoutBody(greq, rawURL)))
 	}
@@ -636,28 +636,3 @@ func closeBody(b *spooledBody) {
 	}
 }
 
-// recordedTarget is the URL kept in the ledger: without credentials or
-// query, which often carry secrets; the derived key still covers the query.
-// whole is u.String() when the caller has written it out ("" when not):
-// with nothing to leave out, it is the record as it is, and with a query
-// alone to leave out, the record is its start.
-func recordedTarget(u *url.URL, whole string) string {
-	if u.User == nil && u.RawQuery == "" && u.Fragment == "" {
-		if whole == "" {
-			whole = u.String()
-		}
-		return state.Clip(whole, state.MaxTargetLen)
-	}
-	if u.User == nil && u.Fragment == "" && whole != "" {
-		// u.String() ends with "?" and the raw query when it has no
-		// fragment.
-		if n := len(whole) - len(u.RawQuery) - 1; n >= 0 && whole[n] == '?' && whole[n+1:] == u.RawQuery {
-			return state.Clip(whole[:n], state.MaxTargetLen)
-		}
-	}
-	c := *u
-	c.User = nil
-	c.RawQuery = ""
-	c.Fragment = ""
-	return state.Clip(c.String(), state.MaxTargetLen)
-}

@@ -424,3 +424,48 @@ func TestJSONAnswersHaveOneShapeOfHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyAndBrowserRecordTheSameTarget: a request through the egress
+// proxy and a navigation of the guarded browser to the same URL are
+// recorded under the same target (intents.RecordedTarget): where they
+// went, without the query's secret.
+func TestProxyAndBrowserRecordTheSameTarget(t *testing.T) {
+	e := newEdges(t, true)
+	ctx := context.Background()
+	if _, err := e.store.Admit(ctx, state.AdmitRequest{RunID: "t", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	target := e.up.URL + "/page?token=s3cret"
+	req, err := http.NewRequest("GET", target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Proxy-Authorization", basic("t", ""))
+	pu, _ := url.Parse(e.proxy.URL)
+	resp, err := (&http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	browser, err := cdp(t, e.launch(t, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := navigate(browser, target); err != nil {
+		t.Fatal(err)
+	}
+	ins, err := e.store.Intents(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byBoundary := map[state.Boundary]string{}
+	for _, in := range ins {
+		if in.Boundary == state.BoundaryHTTP || in.Boundary == state.BoundaryBrowser && strings.HasPrefix(in.Target, "http") {
+			byBoundary[in.Boundary] = in.Target
+		}
+	}
+	want := e.up.URL + "/page"
+	if byBoundary[state.BoundaryHTTP] != want || byBoundary[state.BoundaryBrowser] != want {
+		t.Fatalf("recorded targets %v, want %s for both the proxy's request and the browser's navigation", byBoundary, want)
+	}
+}
