@@ -635,4 +635,3 @@ func closeBody(b *spooledBody) {
 		_ = b.Close()
 	}
 }
-

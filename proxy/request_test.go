@@ -17,7 +17,6 @@ func TestIntentHeaderIsKeyedAsNetHTTPStoresIt(t *testing.T) {
 	}
 }
 
-
 // TestCanonicalAddrIsWhatTheTransportDials: a request's destination is
 // checked as host:port the way Go's transport writes the address it dials,
 // whether or not the URL spells its port, and however it brackets its host.
