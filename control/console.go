@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/base64"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/signed"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -200,7 +200,7 @@ func (h *Handler) action(operatorOnly bool, fn func(w http.ResponseWriter, r *ht
 			h.render(w, r, http.StatusBadRequest, view{Page: "error", Title: "Bad form", Error: "The form could not be read: " + err.Error()})
 			return
 		}
-		if v.cookie != "" && !hmacEqual(r.PostForm.Get(csrfField), h.console.keys.csrf(v.cookie)) {
+		if v.cookie != "" && !signed.Equal(r.PostForm.Get(csrfField), h.console.keys.csrf(v.cookie)) {
 			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden",
 				Error: "The form's CSRF token is missing or stale: reload the page and try again."})
 			return
@@ -215,10 +215,6 @@ func (h *Handler) action(operatorOnly bool, fn func(w http.ResponseWriter, r *ht
 		}
 		fn(w, r, v)
 	}
-}
-
-func hmacEqual(a, b string) bool {
-	return a != "" && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
 func errText(err error, fallback string) string {
