@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -30,6 +29,7 @@ import (
 	k8sjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/state/redisstore"
@@ -683,49 +683,17 @@ func TestDeployRedisConfigSatisfiesRequireDurable(t *testing.T) {
 	}) {
 		t.Fatalf("redis.conf's dir %v is not the PersistentVolumeClaim's mount", dataDir)
 	}
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	// The volume is a temp dir here; later lines win: the test's port and address.
-	local := strings.Replace(conf, dataDir[0], "dir "+dir, 1) + fmt.Sprintf("\nport %s\nbind 127.0.0.1\nrequirepass test-password\n", port)
-	if err := os.WriteFile(filepath.Join(dir, "redis.conf"), []byte(local), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	redis := exec.Command("redis-server", filepath.Join(dir, "redis.conf"))
-	redis.Stdout, redis.Stderr = io.Discard, io.Discard
-	if err := redis.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = redis.Process.Kill(); _ = redis.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for !redisAnswers(addr, "test-password") {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on the manifest's redis.conf did not answer within 10s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s := startServe(t, "--store", "redis://:test-password@"+addr+"/0", "--require-durable", "--data-dir", t.TempDir())
+	// The volume is a temp dir here (Redis changes to its dir as it reads
+	// the file); the harness's --dir, --port and --bind come after the file
+	// and win; persistence is the file's alone.
+	local := strings.Replace(conf, dataDir[0], "dir "+t.TempDir(), 1)
+	redis := redisserver.Start(t, redisserver.Options{Conf: local, Password: "test-password", ConfDecides: true})
+	s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
 	if !strings.Contains(s.Log(), "durable=true") {
 		t.Fatalf("serve did not report a durable store:\n%s", s.Log())
 	}
 }
 
-// redisAnswers reports whether AUTH and PING succeed at addr.
-func redisAnswers(addr, password string) bool {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := fmt.Fprintf(conn, "AUTH %s\r\nPING\r\n", password); err != nil {
-		return false
-	}
-	r := bufio.NewReader(conn)
-	a, _ := r.ReadString('\n')
-	b, _ := r.ReadString('\n')
-	return a == "+OK\r\n" && b == "+PONG\r\n"
-}
 
 // TestDeployNetworkPolicies: everything is denied but what the README
 // lists; nothing reaches the agent pods; the control API answers only the

@@ -45,6 +45,10 @@ type Options struct {
 	// Password, when set, is the server's requirepass: URL carries it, and
 	// the harness authenticates its own PING with it.
 	Password string
+	// ConfDecides leaves persistence to Conf: the harness adds none of its
+	// own arguments but where the server listens and keeps its files, so
+	// that a test runs a configuration as shipped (a manifest's redis.conf).
+	ConfDecides bool
 }
 
 func (o Options) persistenceArgs() ([]string, error) {
@@ -75,6 +79,12 @@ func (o Options) args(dir string, port int) ([]string, error) {
 		"--daemonize", "no", "--loglevel", "warning")
 	if o.Sentinel {
 		return append(append(args, "--sentinel"), o.Args...), nil
+	}
+	if o.ConfDecides {
+		if o.Password != "" {
+			args = append(args, "--requirepass", o.Password)
+		}
+		return append(args, o.Args...), nil
 	}
 	persist, err := o.persistenceArgs()
 	if err != nil {
@@ -126,6 +136,9 @@ func redisURL(addr, password string) string {
 	}
 	return "redis://" + addr + "/0"
 }
+
+// PID is the server's process id.
+func (s *Server) PID() int { return s.proc.PID() }
 
 // Port is the server's port.
 func (s *Server) Port() int { return s.port }

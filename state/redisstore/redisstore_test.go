@@ -536,9 +536,8 @@ func BenchmarkGuard(b *testing.B) {
 		{"aof=always", []string{"--appendonly", "yes", "--appendfsync", "always"}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			// redisserver.Start takes a *testing.T; a benchmark starts its own.
-			srv := startLocal(b, tc.args...)
-			s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{})
+			srv := redisserver.Start(b, redisserver.Options{Args: tc.args})
+			s := open(b, srv.URL(), redisstore.Options{})
 			ctx := context.Background()
 			must(s.Admit(ctx, state.AdmitRequest{RunID: "bench", Actor: "bench"}))(b)
 			b.ResetTimer()
