@@ -694,7 +694,6 @@ func TestDeployRedisConfigSatisfiesRequireDurable(t *testing.T) {
 	}
 }
 
-
 // TestDeployNetworkPolicies: everything is denied but what the README
 // lists; nothing reaches the agent pods; the control API answers only the
 // operators' namespaces; Redis answers only stopgate.
