@@ -208,6 +208,14 @@ func (d *DevTools) version(ctx context.Context) (cdpbrowser.GetVersionResult, er
 	return v, err
 }
 
+// denyDownloads turns downloads off in the browser's default context, from
+// the guard's own session: at the start, and again whenever a client's
+// session goes (Chromium puts back the default, downloads on, for the
+// contexts a detaching session had set).
+func (d *DevTools) denyDownloads(ctx context.Context) error {
+	return d.call(ctx, cdpbrowser.CommandSetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{Behavior: cdpbrowser.SetDownloadBehaviorBehaviorDeny}, nil)
+}
+
 // targets lists the browser's targets.
 func (d *DevTools) targets(ctx context.Context) ([]*target.Info, error) {
 	var res target.GetTargetsResult
@@ -553,6 +561,9 @@ func (a *attachment) detach(ctx context.Context) {
 	d.mu.Unlock()
 	if err := d.call(ctx, target.CommandDetachFromTarget, target.DetachFromTargetParams{SessionID: target.SessionID(a.root)}, nil); err != nil && !errors.Is(err, errDevToolsClosed) {
 		d.log.Debug("detaching a closed connection's session", "session", a.root, "err", err)
+	}
+	if err := d.denyDownloads(ctx); err != nil && !errors.Is(err, errDevToolsClosed) {
+		d.log.Debug("turning downloads off again after a connection closed", "err", err)
 	}
 	for _, id := range contexts {
 		if err := d.call(ctx, target.CommandDisposeBrowserContext, target.DisposeBrowserContextParams{BrowserContextID: cdp.BrowserContextID(id)}, nil); err != nil && !errors.Is(err, errDevToolsClosed) {

@@ -37,8 +37,11 @@ type command struct {
 	// clients may send for the browser's own session); session is where.
 	HasSession bool
 	session    member
-	// Params is the raw params object, or nil when the frame has none.
-	Params json.RawMessage
+	// Params is the raw params object, or nil when the frame has none;
+	// params is where it is in the frame (when HasParams).
+	Params    json.RawMessage
+	HasParams bool
+	params    member
 }
 
 // frameError says what is wrong with a frame, for the -32600 answer.
@@ -156,6 +159,14 @@ func dropMember(data []byte, m member) []byte {
 	return append(out, rest...)
 }
 
+// withParams returns a copy of c's frame with params in place of its own.
+func withParams(c command, frame []byte, params json.RawMessage) ([]byte, error) {
+	if c.HasParams {
+		frame = dropMember(frame, c.params)
+	}
+	return withMember(frame, memberParams, params)
+}
+
 // withMember returns a copy of a frame (a JSON object with at least one
 // member, which it does not already have) with "name":value first.
 func withMember(data []byte, name string, value any) ([]byte, error) {
@@ -228,11 +239,14 @@ func parseCommand(data []byte) (command, error) {
 		}
 		c.HasSession, c.session = true, mm
 	}
-	if mm, ok := m[memberParams]; ok && string(mm.raw) != "null" {
-		if mm.raw[0] != '{' {
-			return c, badFrame("params of command %d is not an object", c.ID)
+	if mm, ok := m[memberParams]; ok {
+		c.HasParams, c.params = true, mm
+		if string(mm.raw) != "null" {
+			if mm.raw[0] != '{' {
+				return c, badFrame("params of command %d is not an object", c.ID)
+			}
+			c.Params = mm.raw
 		}
-		c.Params = mm.raw
 	}
 	return c, nil
 }

@@ -38,6 +38,7 @@ import (
 
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
@@ -66,9 +67,19 @@ type Config struct {
 	Browsers func(run string) (*DevTools, bool)
 	// AutoAdmit admits an unseen run on its first action (never a tombstone).
 	AutoAdmit bool
+	// Tokens verifies run tokens in the URLs' credential segment; with
+	// RequireToken, a URL without a token that verifies (and names its
+	// run) is refused, on the /json endpoints and the websocket upgrade
+	// alike, as the egress proxy refuses a request without one.
+	Tokens       *runtoken.Signer
+	RequireToken bool
 	// MaxMessage bounds a client frame (DefaultMaxMessage when zero);
 	// larger ones get a CDP error and are never forwarded.
 	MaxMessage int64
+	// Uploads is the directory whose RUN subdirectory run RUN's pages may
+	// be given files from (DOM.setFileInputFiles, dropped files); empty:
+	// no files at all. The launcher's Sandbox.Uploads.
+	Uploads string
 	// StoreTimeout bounds the read at connect (state.DefaultTimeout when zero).
 	StoreTimeout time.Duration
 	// Telemetry receives every action's decision and counts the open CDP
@@ -94,6 +105,9 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.Store == nil || cfg.Ledger == nil || cfg.Watcher == nil || cfg.Browsers == nil {
 		return nil, errors.New("browserguard: a store, a ledger, a run watcher and a browser lookup are required")
 	}
+	if cfg.RequireToken && cfg.Tokens == nil {
+		return nil, errors.New("browserguard: run tokens are required but there is no run-token secret to verify them")
+	}
 	if cfg.MaxMessage <= 0 {
 		cfg.MaxMessage = DefaultMaxMessage
 	}
@@ -110,7 +124,7 @@ func New(cfg Config) (*Guard, error) {
 		cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(),
 		sessions: map[string]map[*session]struct{}{},
 	}
-	const prefix = "GET /run/{run}/{version}"
+	const prefix = "GET /run/{run}/{cred}"
 	for _, p := range []string{"/json/version", "/json/version/{$}"} {
 		g.mux.HandleFunc(prefix+p, g.jsonVersion)
 	}
@@ -121,8 +135,8 @@ func New(cfg Config) (*Guard, error) {
 	g.mux.HandleFunc(prefix+"/devtools/page/{id}", g.serveCDP("page"))
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.New(refusal.NotFound,
-			"no endpoint %s %s: this is stopgate's browser guard; connect to ws://HOST/run/RUN/VERSION/devtools/browser/ID "+
-				"(stopgate browser --run RUN prints it) or GET /run/RUN/VERSION/json/version; /json/new is not served, "+
+			"no endpoint %s %s: this is stopgate's browser guard; connect to ws://HOST/run/RUN/CREDENTIAL/devtools/browser/ID "+
+				"(stopgate browser --run RUN prints it; CREDENTIAL is the cancel_version or the run's token) or GET /run/RUN/CREDENTIAL/json/version; /json/new is not served, "+
 				"open pages with Target.createTarget, which is guarded", r.Method, r.URL.Path).WriteHTTP(w)
 	})
 	cfg.Watcher.Add(g)
@@ -149,38 +163,71 @@ func localHost(hostport string) bool {
 	return strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil
 }
 
-// runOf reads the run and the observed version from the path.
-func runOf(r *http.Request) (string, int64, error) {
-	run := r.PathValue("run")
-	if err := state.ValidateRunID(run); err != nil {
-		return "", 0, err
-	}
-	v, err := strconv.ParseInt(r.PathValue("version"), 10, 64)
-	if err != nil || v < 0 {
-		return "", 0, fmt.Errorf("%w: version %q in the path: want the cancel_version observed (1 or more), or 0 to check ACTIVE alone",
-			state.ErrInvalid, r.PathValue("version"))
-	}
-	return run, v, nil
+// credential is who a request to the guard says it is: a run, the
+// cancel_version it observed, and the segment that said so (the version,
+// or a run token, which the URLs the guard hands out keep).
+type credential struct {
+	run     string
+	version int64
+	segment string
+	// expires is the token's end; zero for a bare version.
+	expires time.Time
 }
 
-func guardedPrefix(run string, version int64) string {
-	return "/run/" + run + "/" + strconv.FormatInt(version, 10)
+// credentialOf reads and checks the run and its credential in the path:
+// a refusal when the run or the version cannot be read (400), or when a
+// token does not verify, names another run, or is missing where tokens
+// are required (401).
+func (g *Guard) credentialOf(r *http.Request) (credential, *refusal.Refusal) {
+	run, seg := r.PathValue("run"), r.PathValue("cred")
+	if err := state.ValidateRunID(run); err != nil {
+		return credential{}, refusal.Wrap(err, refusal.BadRunIdentity, "%v", err)
+	}
+	if runtoken.IsToken(seg) {
+		if g.cfg.Tokens == nil {
+			return credential{}, refusal.New(refusal.Unauthorized, "this browser guard has no run-token secret: put the cancel_version in the URL instead of a token")
+		}
+		c, err := g.cfg.Tokens.Verify(seg, time.Now())
+		if err != nil {
+			return credential{}, refusal.Wrap(err, refusal.Unauthorized, "the run token in the URL was refused: %v", err)
+		}
+		if c.RunID != run {
+			return credential{}, refusal.New(refusal.Unauthorized, "the run token in the URL is for run %s, not %s", c.RunID, run)
+		}
+		return credential{run: run, version: c.Version, segment: seg, expires: c.Expires}, nil
+	}
+	v, err := strconv.ParseInt(seg, 10, 64)
+	if err != nil || v < 0 {
+		return credential{}, refusal.New(refusal.BadRunIdentity, "%v", fmt.Errorf("%w: %q in the path: want the cancel_version observed (1 or more), 0 to check ACTIVE alone, or a run token",
+			state.ErrInvalid, state.Clip(seg, 64)))
+	}
+	if g.cfg.RequireToken {
+		return credential{}, refusal.New(refusal.Unauthorized,
+			"this stopgate requires a run token: connect to ws://HOST/run/%s/TOKEN/devtools/browser/ID, the URL stopgate browser --run %s prints", run, run)
+	}
+	return credential{run: run, version: v, segment: seg}, nil
+}
+
+// guardedPrefix is the path prefix of a run's guarded endpoints; cred is
+// the cancel_version or a run token.
+func guardedPrefix(run, cred string) string {
+	return "/run/" + run + "/" + cred
 }
 
 // browserFor answers the errors common to the /json endpoints: a bad
-// path, no browser for the run.
-func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (run string, version int64, d *DevTools, ok bool) {
-	run, version, err := runOf(r)
-	if err != nil {
-		refusal.Wrap(err, refusal.BadRunIdentity, "%v", err).WriteHTTP(w)
-		return "", 0, nil, false
+// path or credential, no browser for the run.
+func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (credential, *DevTools, bool) {
+	cred, rf := g.credentialOf(r)
+	if rf != nil {
+		rf.WriteHTTP(w)
+		return credential{}, nil, false
 	}
-	d, ok = g.cfg.Browsers(run)
+	d, ok := g.cfg.Browsers(cred.run)
 	if !ok {
-		noBrowser(run).WriteHTTP(w)
-		return "", 0, nil, false
+		noBrowser(cred.run).WriteHTTP(w)
+		return credential{}, nil, false
 	}
-	return run, version, d, true
+	return cred, d, true
 }
 
 func noBrowser(run string) *refusal.Refusal {
@@ -191,7 +238,7 @@ func noBrowser(run string) *refusal.Refusal {
 // URL of the guard, for clients that discover the browser from an HTTP
 // endpoint (Playwright's connectOverCDP).
 func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
-	run, version, d, ok := g.browserFor(w, r)
+	cred, d, ok := g.browserFor(w, r)
 	if !ok {
 		return
 	}
@@ -208,7 +255,7 @@ func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
 		"User-Agent":           v.UserAgent,
 		"V8-Version":           v.JsVersion,
 		"WebKit-Version":       v.Revision,
-		"webSocketDebuggerUrl": guardedWS(r.Host, run, version, "/devtools/browser/"+d.BrowserID()),
+		"webSocketDebuggerUrl": guardedWS(r.Host, cred, "/devtools/browser/"+d.BrowserID()),
 	})
 }
 
@@ -216,7 +263,7 @@ func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
 // URLs, for clients that connect to page endpoints. There is no DevTools
 // frontend to point at: the browser serves none.
 func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
-	run, version, d, ok := g.browserFor(w, r)
+	cred, d, ok := g.browserFor(w, r)
 	if !ok {
 		return
 	}
@@ -236,15 +283,16 @@ func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
 		}
 		list = append(list, map[string]string{
 			"description": "", "id": string(t.TargetID), "title": t.Title, "type": t.Type, "url": t.URL,
-			"webSocketDebuggerUrl": guardedWS(r.Host, run, version, "/devtools/page/"+string(t.TargetID)),
+			"webSocketDebuggerUrl": guardedWS(r.Host, cred, "/devtools/page/"+string(t.TargetID)),
 		})
 	}
 	refusal.WriteJSON(w, http.StatusOK, list)
 }
 
-// guardedWS is a websocket URL of the guard on the host the client used.
-func guardedWS(host, run string, version int64, path string) string {
-	return (&url.URL{Scheme: "ws", Host: host, Path: guardedPrefix(run, version) + path}).String()
+// guardedWS is a websocket URL of the guard on the host the client used,
+// with the credential the client used.
+func guardedWS(host string, cred credential, path string) string {
+	return (&url.URL{Scheme: "ws", Host: host, Path: guardedPrefix(cred.run, cred.segment) + path}).String()
 }
 
 // serveCDP serves /devtools/{kind}/{id}: it checks the run, opens the
@@ -252,11 +300,12 @@ func guardedWS(host, run string, version int64, path string) string {
 // ways until either side goes, the browser stops, or the guard closes.
 func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		run, version, err := runOf(r)
-		if err != nil {
-			refusal.Wrap(err, refusal.BadRunIdentity, "%v", err).WriteHTTP(w)
+		cred, rf := g.credentialOf(r)
+		if rf != nil {
+			rf.WriteHTTP(w)
 			return
 		}
+		run, version := cred.run, cred.version
 		// Connecting is not an effect, so a run nobody admitted yet may
 		// connect (its first action admits it, or is refused), and so may
 		// a run that is over while its browser lingers: to look, since
@@ -316,6 +365,7 @@ func (g *Guard) serveCDP(kind string) http.HandlerFunc {
 		client.SetReadLimit(4 * g.cfg.MaxMessage)
 
 		s := newSession(g, run, version, client, att)
+		s.expires = cred.expires
 		if !g.add(s) {
 			_ = client.Close(websocket.StatusGoingAway, "stopgate is shutting down")
 			detach()

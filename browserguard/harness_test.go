@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,18 @@ import (
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
 )
+
+// The test binary is the browsers' sandbox helper, as stopgate is serve's.
+func init() { browserguard.SandboxMain() }
+
+func testBinary(t testing.TB) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
 
 // upstream is a site on loopback; hits counts the page loads reaching it
 // (a favicon is not a page load).
@@ -95,6 +108,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 	lcfg := browserguard.LauncherConfig{
 		Chromium: testkit.Chromium(t), Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
 		AutoAdmit: true, TempDir: t.TempDir(), Logger: log, Telemetry: tel,
+		Sandbox: browserguard.Sandbox{Helper: testBinary(t)},
 		// The machine is shared: a start may wait for the CPU.
 		StartTimeout: time.Minute,
 	}
@@ -108,6 +122,7 @@ func newEnv(t *testing.T, store state.Store, opts ...func(*browserguard.Launcher
 	guard, err := browserguard.New(browserguard.Config{
 		Store: store, Ledger: ledger, Watcher: watcher, Browsers: launcher.DevTools, AutoAdmit: true,
 		StoreTimeout: 5 * time.Second, Logger: log, Telemetry: tel,
+		Tokens: lcfg.Tokens, RequireToken: lcfg.RequireToken, Uploads: lcfg.Sandbox.Uploads,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -138,11 +153,11 @@ func (e *env) launch(t *testing.T, run string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	got, err := e.launcher.Launch(ctx, run, 0, "test")
+	got, err := e.launcher.Launch(ctx, browserguard.LaunchRequest{Run: run, Actor: "test"})
 	if err != nil {
 		t.Fatalf("launch: %v", err)
 	}
-	if !got.Guard.Admitted || !got.Created || !strings.HasPrefix(got.WSURL, "ws://"+e.guardHost+"/run/"+run+"/1/devtools/browser/") {
+	if !got.Guard.Admitted || !got.Created || !strings.HasPrefix(got.WSURL, "ws://"+e.guardHost+"/run/"+run+"/") {
 		t.Fatalf("launch answered %+v", got)
 	}
 	return got.WSURL

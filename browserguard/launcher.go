@@ -3,6 +3,7 @@ package browserguard
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
@@ -86,7 +88,22 @@ type LauncherConfig struct {
 	Logger      *slog.Logger
 	// Telemetry counts the browsers running; nil counts privately.
 	Telemetry *telemetry.Telemetry
+	// Sandbox is how each browser is kept from the machine (namespaces of
+	// its own, by default).
+	Sandbox Sandbox
+	// Tokens signs the run tokens in the websocket URLs handed out when
+	// RequireToken is set: the guard then takes no URL without one.
+	Tokens       *runtoken.Signer
+	RequireToken bool
+	// TokenTTL is how long a token the launcher signs is good for
+	// (DefaultTokenTTL when zero).
+	TokenTTL time.Duration
 }
+
+// DefaultTokenTTL is how long the run token in a handed-out URL is good
+// for, when the launcher signs it; the URL of a worker who asked with its
+// own token carries that token.
+const DefaultTokenTTL = 24 * time.Hour
 
 // Launcher starts one guarded headless Chromium per run and stops it when
 // the run is over (after the linger) or the launcher closes.
@@ -140,6 +157,31 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Sandbox.Isolation == "" {
+		cfg.Sandbox.Isolation = IsolateNamespaces
+	}
+	if _, err := ParseIsolation(string(cfg.Sandbox.Isolation)); err != nil {
+		return nil, fmt.Errorf("browser launcher: %w", err)
+	}
+	if cfg.Sandbox.Isolation == IsolateNamespaces && cfg.Sandbox.Helper == "" {
+		return nil, errors.New("browser launcher: isolation with namespaces needs a helper (the stopgate binary, whose main calls SandboxMain)")
+	}
+	if cfg.Sandbox.UID == 0 {
+		cfg.Sandbox.UID = DefaultBrowserUID
+	}
+	if cfg.Sandbox.GID == 0 {
+		cfg.Sandbox.GID = cfg.Sandbox.UID
+	}
+	if cfg.RequireToken && cfg.Tokens == nil {
+		return nil, errors.New("browser launcher: run tokens are required but there is no run-token secret to sign them")
+	}
+	if cfg.RequireToken && cfg.Sandbox.Isolation == IsolateNone {
+		return nil, errors.New("browser launcher: with run tokens required, browsers must run with isolation " + string(IsolateNamespaces) +
+			": without it a browser's egress listener is open to every local process, which could send as its run without a token")
+	}
+	if cfg.TokenTTL <= 0 {
+		cfg.TokenTTL = DefaultTokenTTL
+	}
 	host, port, err := net.SplitHostPort(cfg.GuardAddr)
 	if err != nil {
 		return nil, fmt.Errorf("browser launcher: guard address %q: %w", cfg.GuardAddr, err)
@@ -154,6 +196,20 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	l.removeStaleProfiles()
 	cfg.Watcher.Add(l)
 	return l, nil
+}
+
+// LaunchRequest asks for a run's browser.
+type LaunchRequest struct {
+	Run string
+	// Observed is the cancel_version the caller saw (0: check ACTIVE
+	// alone; with Token, the token's).
+	Observed int64
+	// Actor is recorded on the launch's intent.
+	Actor string
+	// Token is the caller's own run token, when it has one: with tokens
+	// required, the URL handed out carries it rather than a new one, so
+	// that asking for a browser never lengthens a worker's credential.
+	Token string
 }
 
 // Launched is the answer to a launch.
@@ -176,9 +232,22 @@ type Launched struct {
 // recorded as a browser intent, with method "launch" when it starts one and
 // "attach" when the run's browser was already running. observed is the
 // cancel_version the caller saw (0: check ACTIVE alone).
-func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor string) (Launched, error) {
+func (l *Launcher) Launch(ctx context.Context, req LaunchRequest) (Launched, error) {
+	run, observed, actor := req.Run, req.Observed, req.Actor
 	if err := state.ValidateRunID(run); err != nil {
 		return Launched{}, fmt.Errorf("launch a browser: %w", err)
+	}
+	if l.cfg.RequireToken && req.Token != "" {
+		c, err := l.cfg.Tokens.Verify(req.Token, time.Now())
+		switch {
+		case err != nil:
+			return Launched{}, fmt.Errorf("launch a browser: %w: %w", state.ErrInvalid, err)
+		case c.RunID != run:
+			return Launched{}, fmt.Errorf("launch a browser: %w: the run token is for run %s, not %s", state.ErrInvalid, c.RunID, run)
+		case observed != 0 && observed != c.Version:
+			return Launched{}, fmt.Errorf("launch a browser: %w: cancel_version %d, but the run token carries %d", state.ErrInvalid, observed, c.Version)
+		}
+		observed = c.Version
 	}
 	l.launching.Lock()
 	defer l.launching.Unlock()
@@ -205,7 +274,7 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 	}
 	if running != nil {
 		l.finish(ctx, res.Intent, state.IntentResponded, fmt.Sprintf("handed the run's browser, running since %s", running.started.UTC().Format(time.RFC3339)))
-		return Launched{Guard: res, WSURL: l.wsURL(run, version, running.dt.BrowserID()), Version: version}, nil
+		return Launched{Guard: res, WSURL: l.wsURL(run, version, req.Token, running.dt.BrowserID()), Version: version}, nil
 	}
 	if n := l.count(); l.cfg.MaxBrowsers > 0 && n >= l.cfg.MaxBrowsers {
 		why := fmt.Sprintf("%d browsers are running, the most this stopgate runs (--browser-max %d); a run's browser stops when the run is over (after --browser-linger)", n, l.cfg.MaxBrowsers)
@@ -231,7 +300,7 @@ func (l *Launcher) Launch(ctx context.Context, run string, observed int64, actor
 	l.mu.Unlock()
 	go l.reap(b)
 	l.log.Info("browser launched", "run", run, "cancel_version", version, "pid", b.cmd.Process.Pid, "profile", b.dir)
-	return Launched{Guard: res, WSURL: l.wsURL(run, version, b.dt.BrowserID()), Version: version, Created: true}, nil
+	return Launched{Guard: res, WSURL: l.wsURL(run, version, req.Token, b.dt.BrowserID()), Version: version, Created: true}, nil
 }
 
 func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.IntentState, reason string) {
@@ -240,8 +309,18 @@ func (l *Launcher) finish(ctx context.Context, in state.Intent, outcome state.In
 	}
 }
 
-func (l *Launcher) wsURL(run string, version int64, id string) string {
-	return "ws://" + l.guardHost + guardedPrefix(run, version) + "/devtools/browser/" + id
+// wsURL is the guarded websocket URL of a run's browser: its credential
+// is the version, or with tokens required a run token (the caller's own,
+// else one signed now).
+func (l *Launcher) wsURL(run string, version int64, token, id string) string {
+	cred := strconv.FormatInt(version, 10)
+	if l.cfg.RequireToken {
+		cred = token
+		if cred == "" {
+			cred = l.cfg.Tokens.Sign(run, version, time.Now().Add(l.cfg.TokenTTL))
+		}
+	}
+	return "ws://" + l.guardHost + guardedPrefix(run, cred) + "/devtools/browser/" + id
 }
 
 func (l *Launcher) running(run string) *browser {
@@ -281,6 +360,9 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	if err != nil {
 		return nil, fmt.Errorf("chromium %s: %w (install it: apt-get install chromium; or set --chromium / STOPGATE_CHROMIUM)", l.cfg.Chromium, err)
 	}
+	if exe, err = filepath.Abs(exe); err != nil {
+		return nil, fmt.Errorf("chromium %s: %w", l.cfg.Chromium, err)
+	}
 	egress, err := l.cfg.Egress(run)
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy for the browser: %w", err)
@@ -289,19 +371,13 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	if err != nil {
 		return nil, fmt.Errorf("browser profile directory: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	// Whose it is, for the cleanup after a stopgate killed with -9: a
+	// sandboxed browser's profile is not on the host at all.
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(ownerOf(os.Getpid())), 0o600); err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("egress listener for the browser: %w", err)
+		return nil, fmt.Errorf("browser profile directory: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           egress,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
-	}
-	go func() { _ = srv.Serve(ln) }()
 	fail := func(err error) (*browser, error) {
-		_ = srv.Close()
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -319,20 +395,32 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 		return fail(fmt.Errorf("DevTools pipe: %w", err))
 	}
 	out := &outputLog{log: l.log, run: run, tail: &tailBuffer{max: 4 << 10}}
-	cmd := exec.Command(exe, chromiumArgs(dir, ln.Addr().String())...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{childR, childW}
-	cmd.SysProcAttr = procAttr()
-	cmd.WaitDelay = waitDelay
-	err = cmd.Start()
+	var (
+		cmd *exec.Cmd
+		ln  net.Listener
+	)
+	if l.cfg.Sandbox.Isolation == IsolateNamespaces {
+		cmd, ln, err = l.startInSandbox(ctx, run, exe, dir, []*os.File{childR, childW}, out)
+	} else {
+		cmd, ln, err = l.startPlain(exe, dir, []*os.File{childR, childW}, out)
+	}
 	// The browser has its own copies now (or never will).
 	_ = childR.Close()
 	_ = childW.Close()
 	if err != nil {
 		_ = parentR.Close()
 		_ = parentW.Close()
-		return fail(fmt.Errorf("start %s: %w", exe, err))
+		if tail := strings.TrimSpace(out.tail.String()); tail != "" {
+			err = fmt.Errorf("%w; its last output: %s", err, tail)
+		}
+		return fail(err)
 	}
+	srv := &http.Server{
+		Handler:           egress,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
+	}
+	go func() { _ = srv.Serve(ln) }()
 	out.pid = cmd.Process.Pid
 	b := &browser{
 		run: run, version: version, cmd: cmd, dir: dir, egress: srv, started: time.Now(), exited: make(chan struct{}),
@@ -349,6 +437,12 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 	case <-b.exited:
 		err = errors.New("chromium exited before it answered on its DevTools pipe")
 	}
+	if err == nil {
+		// Downloads off, for the browser's default context; new contexts
+		// and what a client asks for are the guard's (and, sandboxed, the
+		// browser's policy's).
+		err = b.dt.denyDownloads(sctx)
+	}
 	if err != nil {
 		l.stop(b, websocket.StatusInternalError, "stopgate: the browser did not start", "start failed")
 		if tail := strings.TrimSpace(out.tail.String()); tail != "" {
@@ -357,6 +451,81 @@ func (l *Launcher) start(ctx context.Context, run string, version int64) (*brows
 		return nil, err
 	}
 	return b, nil
+}
+
+// startPlain starts Chromium as a child process of stopgate's own user,
+// with its egress listener on the host's loopback (IsolateNone).
+func (l *Launcher) startPlain(exe, dir string, pipe []*os.File, out *outputLog) (*exec.Cmd, net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress listener for the browser: %w", err)
+	}
+	cmd := exec.Command(exe, chromiumArgs(dir, ln.Addr().String())...)
+	cmd.Env = browserEnv(dir)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = pipe
+	cmd.SysProcAttr = procAttr()
+	cmd.WaitDelay = waitDelay
+	if err := cmd.Start(); err != nil {
+		_ = ln.Close()
+		return nil, nil, fmt.Errorf("start %s: %w", exe, err)
+	}
+	return cmd, ln, nil
+}
+
+// startInSandbox starts Chromium in namespaces of its own
+// (IsolateNamespaces), its root built on dir, which is also its profile's
+// path there.
+func (l *Launcher) startInSandbox(ctx context.Context, run, exe, dir string, pipe []*os.File, out *outputLog) (*exec.Cmd, net.Listener, error) {
+	sb := l.cfg.Sandbox
+	policy, err := json.Marshal(browserPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+	spec := sandboxSpec{
+		Root: dir, Exe: exe, Args: append([]string{exe}, chromiumArgs(dir, fmt.Sprintf("127.0.0.1:%d", sandboxProxyPort))...),
+		Env: browserEnv(dir), Policy: policy, ProxyPort: sandboxProxyPort,
+		AsRoot: os.Geteuid() == 0, UID: sb.UID, GID: sb.GID,
+	}
+	spec.Binds = append(spec.Binds, systemDirs...)
+	// A Chromium installed outside the system's directories brings its
+	// own directory.
+	if real, err := filepath.EvalSymlinks(exe); err == nil && !underAny(real, systemDirs) {
+		spec.Binds = append(spec.Binds, filepath.Dir(real))
+	}
+	if up := sb.UploadDir(run); up != "" {
+		if fi, err := os.Stat(up); err == nil && fi.IsDir() {
+			spec.Uploads = up
+		}
+	}
+	for _, h := range sb.Hide {
+		if abs, err := filepath.Abs(h); err == nil {
+			spec.Hide = append(spec.Hide, abs)
+			if real, err := filepath.EvalSymlinks(abs); err == nil && real != abs {
+				spec.Hide = append(spec.Hide, real)
+			}
+		}
+	}
+	deadline := time.Now().Add(l.cfg.StartTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	s, err := startSandboxed(spec, sb.Helper, pipe, out, deadline)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.cmd, s.listener, nil
+}
+
+// underAny reports whether path is one of dirs or under one.
+func underAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if path == d || strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // unreachableURL is a URL that Chromium refuses to connect to by itself:
@@ -663,11 +832,24 @@ func (t *tailBuffer) String() string {
 	return string(t.buf)
 }
 
+// ownerFile, in a profile directory on the host, names the stopgate that
+// made it, as "HOST-PID" (the form of Chromium's own SingletonLock).
+const ownerFile = "stopgate.owner"
+
+func ownerOf(pid int) string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + "-" + strconv.Itoa(pid)
+}
+
 // removeStaleProfiles removes the profile directories whose browser is
 // gone without its launcher having removed them (stopgate killed with -9:
 // the kernel kills the browser, nobody removes its profile). Chromium's own
-// SingletonLock ("HOST-PID") says whose a profile is; one of another host,
-// of a live process, or without a lock is left alone.
+// SingletonLock ("HOST-PID"), else the launcher's owner file, says whose a
+// profile is; one of another host, of a live process, or with neither is
+// left alone.
 func (l *Launcher) removeStaleProfiles() {
 	dir := l.cfg.TempDir
 	if dir == "" {
@@ -681,7 +863,11 @@ func (l *Launcher) removeStaleProfiles() {
 	for _, p := range profiles {
 		owner, err := os.Readlink(filepath.Join(p, "SingletonLock"))
 		if err != nil {
-			continue
+			b, ferr := os.ReadFile(filepath.Join(p, ownerFile))
+			if ferr != nil {
+				continue
+			}
+			owner = strings.TrimSpace(string(b))
 		}
 		i := strings.LastIndex(owner, "-")
 		if i < 0 || owner[:i] != host {

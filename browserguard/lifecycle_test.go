@@ -80,7 +80,7 @@ func TestAttachIsNotALaunch(t *testing.T) {
 	store := testkit.FileStore(t)
 	e := newEnv(t, store)
 	ws := e.launch(t, "twice")
-	again, err := e.launcher.Launch(testCtx(t), "twice", 0, "test")
+	again, err := e.launcher.Launch(testCtx(t), browserguard.LaunchRequest{Run: "twice", Actor: "test"})
 	if err != nil || !again.Guard.Admitted || again.Created || again.WSURL != ws {
 		t.Fatalf("second launch: %+v %v; want the same browser (%s), not created", again, err, ws)
 	}
@@ -103,7 +103,7 @@ func TestBrowserCap(t *testing.T) {
 	store := testkit.FileStore(t)
 	e := newEnv(t, store, func(c *browserguard.LauncherConfig) { c.MaxBrowsers = 1 })
 	e.launch(t, "first")
-	got, err := e.launcher.Launch(testCtx(t), "second", 0, "test")
+	got, err := e.launcher.Launch(testCtx(t), browserguard.LaunchRequest{Run: "second", Actor: "test"})
 	if !errors.Is(err, browserguard.ErrBrowserLimit) || !strings.Contains(err.Error(), "1 browsers are running, the most this stopgate runs (--browser-max 1)") || got.WSURL != "" {
 		t.Fatalf("launch past the cap: %+v %v; want ErrBrowserLimit saying why", got, err)
 	}
@@ -120,7 +120,7 @@ func TestBrowserCap(t *testing.T) {
 		return err == nil && row.Status == state.StatusCancelled
 	})
 	testkit.Eventually(t, 15*time.Second, "the first run's browser stops", func() bool { _, ok := e.launcher.DevTools("first"); return !ok })
-	if got, err := e.launcher.Launch(testCtx(t), "second", 0, "test"); err != nil || !got.Created {
+	if got, err := e.launcher.Launch(testCtx(t), browserguard.LaunchRequest{Run: "second", Actor: "test"}); err != nil || !got.Created {
 		t.Fatalf("launch once there is room: %+v %v", got, err)
 	}
 }
@@ -287,8 +287,9 @@ func TestBrowserListensOnNoPort(t *testing.T) {
 	if len(pids) == 0 {
 		t.Fatal("no process of the launched browser found")
 	}
-	listening := listeningInodes(t)
 	for _, pid := range pids {
+		// Its own network namespace's sockets, as it sees them.
+		listening := listeningInodes(t, pid)
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
 		args := strings.Split(string(cmdline), "\x00")
 		for _, a := range args {
@@ -329,11 +330,12 @@ func browserPIDs(t *testing.T, dir string) []string {
 	return pids
 }
 
-// listeningInodes maps the inodes of listening TCP sockets to their ports.
-func listeningInodes(t *testing.T) map[string]int {
+// listeningInodes maps the inodes of the listening TCP sockets in pid's
+// network namespace to their ports.
+func listeningInodes(t *testing.T, pid string) map[string]int {
 	t.Helper()
 	out := map[string]int{}
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+	for _, file := range []string{filepath.Join("/proc", pid, "net/tcp"), filepath.Join("/proc", pid, "net/tcp6")} {
 		f, err := os.Open(file)
 		if err != nil {
 			continue

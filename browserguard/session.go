@@ -34,6 +34,10 @@ type session struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	once sync.Once
+	// expires is when the run token the connection was opened with
+	// expires (zero: it was opened with a version): past it, actions are
+	// refused, as the egress proxy refuses the token.
+	expires time.Time
 	// quit is closed when end is called, before the client connection
 	// closes: an admitted command not yet written then was provably never
 	// sent (ended says the same to whoever cannot select on quit).
@@ -170,6 +174,24 @@ func (s *session) handle(data []byte) {
 		s.answer(errorFrame(c, codeSessionNotFound, "Session with given id not found.", ""))
 		return
 	}
+	if !s.expires.IsZero() && !time.Now().Before(s.expires) {
+		rf := refusal.New(refusal.Unauthorized, "the run token this connection was opened with expired at %s: nothing was sent; "+
+			"connect again with a new URL (stopgate browser --run %s)", s.expires.UTC().Format(time.RFC3339), s.run)
+		s.answer(refusalFrame(c, rf.CDPMessage(c.Method), rf.CDPData()))
+		return
+	}
+	if why := forbidden(c, Sandbox{Uploads: s.g.cfg.Uploads}.UploadDir(s.run)); why != "" {
+		s.refuse(c, why)
+		return
+	}
+	if downloadMethods[c.Method] {
+		// Downloads stay off: an allow is forwarded as deny.
+		var err error
+		if c, data, err = downloadsDenied(c, data); err != nil {
+			s.answer(errorFrame(c, codeInvalidRequest, "stopgate: bad CDP frame: "+err.Error()+"; nothing was forwarded", ""))
+			return
+		}
+	}
 	if !isAction(c.Method) {
 		s.forward(c, data)
 		return
@@ -225,6 +247,54 @@ func (s *session) handle(data []byte) {
 		}
 		s.end(websocket.StatusInternalError, "stopgate: the browser connection failed")
 	}
+}
+
+// refuse answers a command that is never forwarded, and records it as
+// refused for why (command_not_allowed), whatever the run's state, in the
+// guard's one step. A store that does not answer does not change the
+// answer: the command is refused all the same, unrecorded.
+func (s *session) refuse(c command, why string) {
+	recorded, keyTarget, digest := effectOf(c)
+	greq := state.GuardRequest{
+		RunID: s.run, ObservedVersion: s.version, Key: intents.DerivedKey(s.run, c.Method, keyTarget, digest),
+		Boundary: state.BoundaryBrowser, Method: c.Method, Target: recorded, BodyDigest: digest, AutoAdmit: s.g.cfg.AutoAdmit,
+		Refuse: string(refusal.CommandNotAllowed),
+	}
+	rf := refusal.New(refusal.CommandNotAllowed, "%s; nothing was sent", why)
+	rf.RunID, rf.ObservedVersion = s.run, s.version
+	started := time.Now()
+	res, err := s.g.cfg.Ledger.Begin(context.WithoutCancel(s.ctx), greq)
+	d := telemetry.Decision{Boundary: state.BoundaryBrowser, Run: s.run, Version: s.version, Method: c.Method,
+		Host: hostOf(recorded), Store: time.Since(started), Via: "cdp", Result: telemetry.Refused, Reason: string(rf.Code)}
+	switch {
+	case err != nil:
+		rf.Message += "; the refusal could not be recorded: " + err.Error()
+		d.Detail = err.Error()
+	case res.Refusal == greq.Refuse:
+		rf.Intent, rf.Recorded = res.Intent.Key, state.IntentCancelledBeforeDispatch
+		rf.Message += "; recorded " + string(state.IntentCancelledBeforeDispatch) + " under " + res.Intent.Key
+		d.Intent, d.Recorded = rf.Intent, rf.Recorded
+	}
+	s.g.cfg.Telemetry.Decided(s.ctx, d)
+	s.answer(refusalFrame(c, rf.CDPMessage(c.Method), rf.CDPData()))
+}
+
+// downloadsDenied is a setDownloadBehavior command with behavior deny,
+// read again from its new frame.
+func downloadsDenied(c command, data []byte) (command, []byte, error) {
+	params, err := withDownloadsDenied(c.Params)
+	if err != nil || params == nil {
+		return c, data, err
+	}
+	frame, err := withParams(c, data, params)
+	if err != nil {
+		return c, data, err
+	}
+	nc, err := parseCommand(frame)
+	if err != nil {
+		return c, data, err
+	}
+	return nc, frame, nil
 }
 
 func (s *session) forward(c command, data []byte) {

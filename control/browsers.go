@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -31,7 +32,8 @@ type BrowserRequest struct {
 type BrowserResponse struct {
 	RunID string `json:"run_id"`
 	// WSURL is the guarded browser websocket URL,
-	// ws://HOST/run/RUN/VERSION/devtools/browser/ID.
+	// ws://HOST/run/RUN/CREDENTIAL/devtools/browser/ID, where CREDENTIAL
+	// is the cancel_version, or the run's token when tokens are required.
 	WSURL         string `json:"ws_url"`
 	CancelVersion int64  `json:"cancel_version"`
 	// Created is false when the run already had a browser (200 rather
@@ -47,6 +49,10 @@ type BrowserLaunch struct {
 	ObservedVersion int64
 	// Actor is recorded on the launch's intent.
 	Actor string
+	// Token is the caller's own run token, when it called with one (a
+	// worker): where tokens are required, the websocket URL carries it, so
+	// that asking for a browser never makes a worker a new credential.
+	Token string
 }
 
 // BrowserLaunched is a launcher's answer.
@@ -86,7 +92,11 @@ func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error)
 	// Starting Chromium takes longer than a store call may: the launcher
 	// bounds the start itself, and a launch once admitted is carried to
 	// its end and recorded even if the caller goes.
-	got, err := h.browsers(context.WithoutCancel(r.Context()), BrowserLaunch{RunID: id, ObservedVersion: body.CancelVersion, Actor: actor})
+	launch := BrowserLaunch{RunID: id, ObservedVersion: body.CancelVersion, Actor: actor}
+	if tok, err := bearer(r); err == nil && runtoken.IsToken(tok) {
+		launch.Token = tok
+	}
+	got, err := h.browsers(context.WithoutCancel(r.Context()), launch)
 	var conflict *state.Conflict
 	switch {
 	case err == nil && !got.Guard.Admitted:

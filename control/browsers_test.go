@@ -12,6 +12,7 @@ import (
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/runtoken"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -82,4 +83,33 @@ func TestLaunchBrowser(t *testing.T) {
 	srv = serveOpts(t, control.Options{Store: store})
 	run(t, srv, []spec{{name: "no launcher", method: http.MethodPost, path: "/v1/runs/b3/browsers",
 		status: http.StatusServiceUnavailable, code: string(refusal.BrowserUnavailable), message: "launches no browsers"}})
+}
+
+// TestBrowserLaunchCarriesTheWorkersOwnToken: a worker asking for its
+// run's browser hands the launcher its own run token (which the URL then
+// carries where tokens are required), so asking for a browser never makes
+// it a new credential; the operator's call hands none.
+func TestBrowserLaunchCarriesTheWorkersOwnToken(t *testing.T) {
+	signer, _ := runtoken.New([]byte("0123456789abcdef0123456789abcdef"))
+	store := testkit.FileStore(t)
+	var got []control.BrowserLaunch
+	var mu sync.Mutex
+	launch := func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
+		mu.Lock()
+		got = append(got, req)
+		mu.Unlock()
+		res, err := store.Guard(ctx, state.GuardRequest{RunID: req.RunID, Key: "launch", Boundary: state.BoundaryBrowser, Method: "launch", AutoAdmit: true, LeaseTTL: time.Minute})
+		return control.BrowserLaunched{Guard: res, WSURL: "ws://127.0.0.1:1/run/" + req.RunID + "/x/devtools/browser/y", CancelVersion: 1, Created: true}, err
+	}
+	srv := serveOpts(t, control.Options{Store: store, Token: testToken, Tokens: signer, Browsers: launch})
+	do(t, srv, "POST", "/v1/runs", `{"run_id":"w1"}`, nil)
+	worker := mint(t, srv, "w1")
+	run(t, srv, []spec{
+		{name: "operator", method: http.MethodPost, path: "/v1/runs/w1/browsers", status: http.StatusCreated},
+		{name: "worker", method: http.MethodPost, path: "/v1/runs/w1/browsers", header: bearerOf(worker), status: http.StatusCreated},
+		{name: "another run's worker", method: http.MethodPost, path: "/v1/runs/w2/browsers", header: bearerOf(worker), status: http.StatusForbidden, code: string(refusal.Forbidden)},
+	})
+	if len(got) != 2 || got[0].Token != "" || got[1].Token != worker || got[1].Actor != "worker:w1" {
+		t.Fatalf("launches %+v: want the operator's without a token, then the worker's with its own", got)
+	}
 }

@@ -6,8 +6,9 @@
 // owns the wire format (the types in api.go, the status codes, the
 // error bodies) and the checks at the edge: who the caller is (auth.go:
 // operator, worker of one run, read-only), what that lets it do, the actor
-// the audit log records, body size and shape. It also serves the operator
-// console, the same acts for people (console.go).
+// the audit log records, body size and shape. It streams a run's row to
+// the workers that watch it (watch.go), and serves the operator console, the
+// same acts for people (console.go).
 //
 // It never dispatches an effect, never cuts a connection and never moves a
 // run on by itself (moving runs on is the sweeper's job): every transition is
@@ -28,6 +29,7 @@ import (
 
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runtoken"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
 )
@@ -95,6 +97,11 @@ type Options struct {
 	// Transparent makes the bindings of /v1/transparent/bindings; nil
 	// answers 404 transparent_off.
 	Transparent TransparentBinder
+	// Watcher is the process's watch on runs: GET /v1/runs/{run}/watch
+	// holds its runs in it (watch.go); nil answers that path 404.
+	Watcher *runwatch.Watcher
+	// Watch bounds the watches; zero fields take the defaults.
+	Watch WatchOptions
 	// ReloadPolicy serves POST /v1/policy/reload; nil answers 404.
 	ReloadPolicy PolicyReloader
 }
@@ -108,6 +115,7 @@ type Handler struct {
 	tokens       *runtoken.Signer
 	endpointInfo Endpoints
 	transparent  TransparentBinder
+	watches      *watches
 	reload       PolicyReloader
 	creds        credentials
 	drain        time.Duration
@@ -139,6 +147,7 @@ func New(opts Options) (*Handler, error) {
 		tokens:       opts.Tokens,
 		endpointInfo: opts.Endpoints,
 		transparent:  opts.Transparent,
+		watches:      newWatches(opts.Watcher, opts.Watch),
 		reload:       opts.ReloadPolicy,
 		creds:        creds,
 		drain:        opts.DrainTimeout,
@@ -216,6 +225,10 @@ func (h *Handler) routes() {
 		h.mux.Handle(rt.method+" "+rt.path, h.api(rt))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}
+	// The watch is a stream, not one JSON answer: a handler of its own
+	// behind the same check of the caller.
+	h.mux.Handle("GET "+watchPath, h.scoped(accessRead, "watch the run", h.watch))
+	allowed[watchPath] = []string{http.MethodGet}
 	allowed["/healthz"] = []string{http.MethodGet}
 	allowed["/readyz"] = []string{http.MethodGet}
 	// A pattern without a method is less specific than the same path with
@@ -286,13 +299,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(rw, withPrincipal(r, p))
 }
 
-// api adapts an endpoint: it checks that the caller's scope allows it (on
-// the run of the path), names the actor, bounds the store calls, and
-// writes the answer.
+// api adapts an endpoint: scoped, with its store calls bounded and its
+// answer written.
 func (h *Handler) api(rt route) http.Handler {
+	return h.scoped(rt.access, rt.what, func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
+		defer cancel()
+		status, body, err := rt.fn(r.WithContext(ctx), principalOf(r).Actor())
+		if err != nil {
+			h.writeError(w, r, err)
+			return
+		}
+		refusal.WriteJSON(w, status, body)
+	})
+}
+
+// scoped checks that the caller's scope allows the act (on the run of the
+// path) and names the actor, then hands the request on.
+func (h *Handler) scoped(a access, what string, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := principalOf(r)
-		if err := p.allow(rt.access, r.PathValue("run"), rt.what); err != nil {
+		if err := p.allow(a, r.PathValue("run"), what); err != nil {
 			h.log.Info("control: forbidden", "method", r.Method, "path", r.URL.Path, "actor", p.Actor(), "remote", r.RemoteAddr)
 			h.writeError(w, r, err)
 			return
@@ -308,14 +335,7 @@ func (h *Handler) api(rt route) http.Handler {
 			p.Claimed = claimed
 			r = withPrincipal(r, p)
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
-		defer cancel()
-		status, body, err := rt.fn(r.WithContext(ctx), p.Actor())
-		if err != nil {
-			h.writeError(w, r, err)
-			return
-		}
-		refusal.WriteJSON(w, status, body)
+		next(w, r)
 	})
 }
 

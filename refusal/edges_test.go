@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	}
 	launcher, err := browserguard.NewLauncher(browserguard.LauncherConfig{
 		Chromium: testkit.Chromium(t), Ledger: ledger, Watcher: watcher, Egress: egress.ForRun, GuardAddr: ln.Addr().String(),
-		AutoAdmit: autoAdmit, TempDir: t.TempDir(), Logger: log,
+		AutoAdmit: autoAdmit, TempDir: t.TempDir(), Logger: log, Sandbox: browserguard.Sandbox{Helper: os.Args[0]},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	})
 	e.launch = func(t *testing.T, run string) string {
 		t.Helper()
-		got, err := launcher.Launch(context.Background(), run, 0, "test")
+		got, err := launcher.Launch(context.Background(), browserguard.LaunchRequest{Run: run, Actor: "test"})
 		if err != nil || !got.Guard.Admitted {
 			t.Fatalf("launch a browser for %s: %+v %v", run, got, err)
 		}
@@ -116,6 +117,9 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	}
 	return e
 }
+
+// The test binary is the browsers' sandbox helper, as stopgate is serve's.
+func init() { browserguard.SandboxMain() }
 
 // answer is what an HTTP edge said.
 type answer struct {

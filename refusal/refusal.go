@@ -80,6 +80,7 @@ const (
 	InterceptionDisabled Code = "interception_disabled" // no CA to look inside the tunnel, and the host is not pass-through
 	TooManyConnections   Code = "too_many_connections"  // a cap on open connections was reached
 	HostNotAllowed       Code = "host_not_allowed"      // the browser guard answers only to an IP or localhost Host
+	CommandNotAllowed    Code = "command_not_allowed"   // the browser guard never forwards this command (local files, downloads, browser features)
 
 	// Transparent mode: connections the kernel redirected to stopgate.
 	NotHTTPOrTLS           Code = "not_http_or_tls"           // neither an HTTP request nor a TLS ClientHello: closed, never spliced
@@ -124,7 +125,7 @@ func (c Code) Status() int {
 		return http.StatusProxyAuthRequired
 	case Unauthorized, BadSignature:
 		return http.StatusUnauthorized
-	case Forbidden, DestinationDenied, InterceptionDisabled, HostNotAllowed:
+	case Forbidden, DestinationDenied, InterceptionDisabled, HostNotAllowed, CommandNotAllowed:
 		return http.StatusForbidden
 	case BadRunIdentity, InvalidRequest, InvalidJSON, UnknownField, BadRequestBody, NotAProxyRequest, NotHTTPOrTLS, NotRedirected:
 		return http.StatusBadRequest

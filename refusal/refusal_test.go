@@ -84,7 +84,7 @@ func TestEveryCodeHasAClientErrorOrServerErrorStatus(t *testing.T) {
 		refusal.Unauthorized, refusal.BadSignature, refusal.Forbidden, refusal.InvalidRequest, refusal.InvalidJSON,
 		refusal.UnknownField, refusal.BadRequestBody, refusal.BodyTooLarge, refusal.UnsupportedMediaType, refusal.NotAProxyRequest,
 		refusal.NotFound, refusal.MethodNotAllowed, refusal.DestinationDenied, refusal.InterceptionDisabled,
-		refusal.TooManyConnections, refusal.HostNotAllowed, refusal.StoreUnavailable, refusal.UpstreamFailed,
+		refusal.TooManyConnections, refusal.HostNotAllowed, refusal.CommandNotAllowed, refusal.StoreUnavailable, refusal.UpstreamFailed,
 		refusal.BrowserUnavailable, refusal.BrowserLimit, refusal.BrowserUnreachable, refusal.NoBrowser, refusal.Internal, refusal.ClientGone,
 	} {
 		if s := c.Status(); s < 400 || s > 599 {

@@ -73,10 +73,11 @@ func TestServeConfig(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
-		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, DataDir: "./stopgate-data", ControlAuth: "token",
+		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, BrowserIsolation: "namespaces", BrowserUID: 2147000000,
+		DataDir: "./stopgate-data", ControlAuth: "token",
 		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
 		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
-		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
+		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, MaxWatches: 1024, MaxWatchesPerRun: 64, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("defaults %+v, want %+v", cfg, want)
 	}
@@ -181,6 +182,10 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--chromium", ""}, nil, "--chromium: is empty"},
 		{[]string{"--browser-linger", "-1s"}, nil, "--browser-linger: -1s is negative"},
 		{nil, map[string]string{"STOPGATE_BROWSER_MAX": "0"}, "STOPGATE_BROWSER_MAX: 0: want a positive number of browsers"},
+		{[]string{"--browser-isolation", "chroot"}, nil, "--browser-isolation: isolation \"chroot\": want namespaces or none"},
+		{[]string{"--browser-isolation", "none", "--require-run-token"}, nil, "--browser-isolation: none leaves each browser's egress listener open to every local process"},
+		{[]string{"--browser-uid", "0"}, nil, "--browser-uid: 0: want a uid other than root's"},
+		{nil, map[string]string{"STOPGATE_BROWSER_UPLOAD_DIR": "/nonexistent/uploads"}, "STOPGATE_BROWSER_UPLOAD_DIR: /nonexistent/uploads is not a directory"},
 		{[]string{"--store", "postgres://db/x"}, nil, "--store: scheme \"postgres\""},
 		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: localhost:6379 has no scheme"},
 		{[]string{"--store", "redis://:hunter2@/0"}, nil, "has no host"},
@@ -204,6 +209,8 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--allow-dest", "169.254.169.254"}, nil, "--allow-dest: allowed destinations: 169.254.169.254 is link-local or cloud metadata"},
 		{[]string{"--max-conns", "0"}, nil, "--max-conns: 0: want a positive number"},
 		{nil, map[string]string{"STOPGATE_MAX_CONNS_PER_RUN": "-1"}, "STOPGATE_MAX_CONNS_PER_RUN: -1: want a positive number"},
+		{[]string{"--max-watches", "0"}, nil, "--max-watches: 0: want a positive number"},
+		{nil, map[string]string{"STOPGATE_MAX_WATCHES_PER_RUN": "-1"}, "STOPGATE_MAX_WATCHES_PER_RUN: -1: want a positive number"},
 		{[]string{"--client-idle-timeout", "0s"}, nil, "--client-idle-timeout: 0s: want a positive duration"},
 		{[]string{"--tunnel-handshake-timeout", "soon"}, nil, "-tunnel-handshake-timeout: want a duration"},
 		{[]string{"--control-auth", "maybe"}, nil, `--control-auth: "maybe": want token or none`},

@@ -39,6 +39,13 @@ type serveConfig struct {
 	BrowserLinger time.Duration
 	// BrowserMax caps the browsers running at once.
 	BrowserMax int
+	// BrowserIsolation is how each browser is kept from the machine;
+	// BrowserUID what it runs as where serve is root; BrowserUploadDir the
+	// directory whose RUN subdirectory run RUN's pages may be given files
+	// from (empty: none).
+	BrowserIsolation string
+	BrowserUID       int
+	BrowserUploadDir string
 	// Store is a redis:// URL, or empty for the embedded store in DataDir.
 	Store string
 	// StorePassword authenticates to Redis in place of a password in the
@@ -113,6 +120,8 @@ type serveConfig struct {
 	AllowDest []string
 	// MaxConns and MaxConnsPerRun cap the proxy's open exchanges.
 	MaxConns, MaxConnsPerRun int
+	// MaxWatches and MaxWatchesPerRun cap the control API's watches of runs.
+	MaxWatches, MaxWatchesPerRun int
 	// TunnelHandshakeTimeout bounds a tunnel's start, ClientIdleTimeout a
 	// proxy client's silence.
 	TunnelHandshakeTimeout, ClientIdleTimeout time.Duration
@@ -149,6 +158,9 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	cfg.BrowserLinger = browserguard.DefaultLinger
 	fs.Var(durationValue{&cfg.BrowserLinger}, "browser-linger", "`duration` the browser of a run that is over stays up (actions refused, reads served) before it is stopped")
 	fs.IntVar(&cfg.BrowserMax, "browser-max", browserguard.DefaultMaxBrowsers, "most browsers running at once; a launch past it is refused (503 browser_limit)")
+	fs.StringVar(&cfg.BrowserIsolation, "browser-isolation", string(browserguard.IsolateNamespaces), "`mode`: namespaces (each browser in namespaces of its own: no view of the machine's files, a network that reaches only its egress proxy) or none (a plain child process; refused with --require-run-token)")
+	fs.IntVar(&cfg.BrowserUID, "browser-uid", browserguard.DefaultBrowserUID, "`uid` (and gid) the browsers run as where serve runs as root; nothing else may run as it")
+	fs.StringVar(&cfg.BrowserUploadDir, "browser-upload-dir", "", "`directory` whose RUN subdirectory run RUN's pages may be given files from (DOM.setFileInputFiles, dropped files); empty: files are never given to pages")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
 	fs.StringVar(&cfg.StorePasswordFile, "store-password-file", "", "`file` holding the Redis password, for any --store URL form (or STOPGATE_STORE_PASSWORD; never in --store on a command line, where ps shows it)")
 	fs.StringVar(&cfg.DataDir, "data-dir", control.DefaultDataDir, "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
@@ -189,6 +201,8 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(listValue{&cfg.AllowDest}, "allow-dest", "`HOST|CIDR` the proxy may reach although it is loopback or private (repeatable; comma-separated in STOPGATE_ALLOW_DEST)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", proxy.DefaultMaxConns, "most requests and tunnels the proxy holds open at once; past it: 429 too_many_connections")
 	fs.IntVar(&cfg.MaxConnsPerRun, "max-conns-per-run", proxy.DefaultMaxConnsPerRun, "most requests and tunnels one run holds open at once through the proxy")
+	fs.IntVar(&cfg.MaxWatches, "max-watches", control.DefaultMaxWatches, "most watches of runs (streams and long polls) the control API serves at once; past it: 429 too_many_connections")
+	fs.IntVar(&cfg.MaxWatchesPerRun, "max-watches-per-run", control.DefaultMaxWatchesPerRun, "most watches of one run the control API serves at once")
 	cfg.TunnelHandshakeTimeout = proxy.DefaultHandshakeTimeout
 	fs.Var(durationValue{&cfg.TunnelHandshakeTimeout}, "tunnel-handshake-timeout", "`duration` from a CONNECT's 200 to its TLS handshake (or first byte)")
 	cfg.ClientIdleTimeout = proxy.DefaultIdleTimeout
@@ -365,6 +379,20 @@ func (c *serveConfig) checkFiles(bad badFlag) error {
 	if c.Chromium == "" {
 		return bad("chromium", "is empty; want the path of the Chromium binary (default %s)", browserguard.DefaultChromium)
 	}
+	if _, err := browserguard.ParseIsolation(c.BrowserIsolation); err != nil {
+		return bad("browser-isolation", "%v", err)
+	}
+	if c.BrowserIsolation == string(browserguard.IsolateNone) && c.RequireRunToken {
+		return bad("browser-isolation", "none leaves each browser's egress listener open to every local process, which could send as its run without a token: --require-run-token needs namespaces")
+	}
+	if c.BrowserUID <= 0 || c.BrowserUID >= 1<<32-1 {
+		return bad("browser-uid", "%d: want a uid other than root's", c.BrowserUID)
+	}
+	if c.BrowserUploadDir != "" {
+		if st, err := os.Stat(c.BrowserUploadDir); err != nil || !st.IsDir() {
+			return bad("browser-upload-dir", "%s is not a directory", c.BrowserUploadDir)
+		}
+	}
 	if c.Config != "" {
 		if st, err := os.Stat(c.Config); err != nil {
 			return bad("config", "%v", err)
@@ -425,7 +453,8 @@ func (c *serveConfig) checkLimits(bad badFlag) error {
 	if c.MaxBody <= 0 {
 		return bad("max-body", "%d: want a positive number of bytes", c.MaxBody)
 	}
-	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun} {
+	for name, n := range map[string]int{"max-conns": c.MaxConns, "max-conns-per-run": c.MaxConnsPerRun,
+		"max-watches": c.MaxWatches, "max-watches-per-run": c.MaxWatchesPerRun} {
 		if n <= 0 {
 			return bad(name, "%d: want a positive number", n)
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/agentexec"
+	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
 )
@@ -69,6 +70,8 @@ func main() {
 		// The first process of exec's sandbox: no verb of the CLI.
 		os.Exit(agentexec.Init(os.Args[2:]))
 	}
+	// A browser's sandbox helper is this binary: it becomes Chromium here.
+	browserguard.SandboxMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := newCLI(os.Stdout, os.Stderr, os.Getenv).run(ctx, os.Args[1:])
 	stop()

@@ -187,18 +187,24 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 		MaxConns: cfg.MaxConns, MaxConnsPerRun: cfg.MaxConnsPerRun,
 		HandshakeTimeout: cfg.TunnelHandshakeTimeout, IdleTimeout: cfg.ClientIdleTimeout,
 	})
+	var sandbox browserguard.Sandbox
+	if err == nil {
+		sandbox, err = browserSandbox(cfg)
+	}
 	if err == nil {
 		inst.policy.egress = inst.egress
 		inst.launcher, err = browserguard.NewLauncher(browserguard.LauncherConfig{
 			Chromium: cfg.Chromium, Ledger: inst.ledger, Watcher: inst.watcher, Egress: inst.egress.ForRun,
 			GuardAddr: inst.lns.browser.Addr().String(), AutoAdmit: cfg.AutoAdmit, Linger: cfg.BrowserLinger, MaxBrowsers: cfg.BrowserMax,
 			Logger: log.With("component", "launcher"), Telemetry: inst.tel,
+			Sandbox: sandbox, Tokens: tokens, RequireToken: cfg.RequireRunToken,
 		})
 	}
 	if err == nil {
 		inst.guard, err = browserguard.New(browserguard.Config{
 			Store: store, Ledger: inst.ledger, Watcher: inst.watcher, Browsers: inst.launcher.DevTools, AutoAdmit: cfg.AutoAdmit,
 			StoreTimeout: cfg.StoreTimeout, Logger: log.With("component", "browserguard"), Telemetry: inst.tel,
+			Tokens: tokens, RequireToken: cfg.RequireRunToken, Uploads: cfg.BrowserUploadDir,
 		})
 	}
 	if err == nil {
@@ -213,7 +219,8 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 			Endpoints: control.Endpoints{
 				Proxy: inst.lns.proxy.Addr().String(), Transparent: inst.transparent.addr, RunTokens: runTokenMode(tokens, cfg.RequireRunToken),
 			},
-			Transparent: inst.transparent.binder,
+			Transparent: inst.transparent.binder, Watcher: inst.watcher,
+			Watch: control.WatchOptions{Max: cfg.MaxWatches, MaxPerRun: cfg.MaxWatchesPerRun},
 		})
 	}
 	if err != nil {
@@ -288,6 +295,9 @@ func (inst *instance) run(ctx context.Context) error {
 	if inst.lns.metrics != nil {
 		err = errors.Join(err, servers.shutdown(shutdownCtx, "metrics"))
 	}
+	// Watch streams never end by themselves: ended first, they do not hold
+	// the control API's shutdown.
+	inst.api.EndWatches()
 	err = errors.Join(err,
 		servers.shutdown(shutdownCtx, "control API"),
 		servers.shutdown(shutdownCtx, "browser guard"),
@@ -347,10 +357,30 @@ func loadCA(cfg serveConfig) (*proxy.CA, error) {
 	return ca, nil
 }
 
+// browserSandbox is how serve's browsers are kept from the machine: this
+// binary sets up their namespaces, and what serve keeps secret is hidden
+// from them.
+func browserSandbox(cfg serveConfig) (browserguard.Sandbox, error) {
+	sb := browserguard.Sandbox{Isolation: browserguard.Isolation(cfg.BrowserIsolation), UID: cfg.BrowserUID, Uploads: cfg.BrowserUploadDir}
+	if sb.Isolation == browserguard.IsolateNamespaces {
+		exe, err := os.Executable()
+		if err != nil {
+			return sb, fmt.Errorf("the browsers' sandbox helper (this binary): %w", err)
+		}
+		sb.Helper = exe
+	}
+	for _, p := range []string{cfg.DataDir, cfg.ControlTokenFile, cfg.ReadTokenFile, cfg.RunTokenSecretFile, cfg.CAKey, cfg.SpoolDir} {
+		if p != "" {
+			sb.Hide = append(sb.Hide, p)
+		}
+	}
+	return sb, nil
+}
+
 // browserLauncher adapts the launcher to the control API's endpoint.
 func browserLauncher(l *browserguard.Launcher) control.BrowserLauncher {
 	return func(ctx context.Context, req control.BrowserLaunch) (control.BrowserLaunched, error) {
-		b, err := l.Launch(ctx, req.RunID, req.ObservedVersion, req.Actor)
+		b, err := l.Launch(ctx, browserguard.LaunchRequest{Run: req.RunID, Observed: req.ObservedVersion, Actor: req.Actor, Token: req.Token})
 		if errors.Is(err, browserguard.ErrBrowserLimit) {
 			err = browserLimit{err}
 		}
@@ -460,7 +490,11 @@ func (inst *instance) logStart() {
 		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
 		"report_dest", len(pol.Destinations.Report), "dest_default", destinationDefault(pol),
 		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
-	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax)
+	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax,
+		"isolation", cfg.BrowserIsolation, "require_run_token", cfg.RequireRunToken, "upload_dir", cfg.BrowserUploadDir)
+	if cfg.BrowserIsolation == string(browserguard.IsolateNone) {
+		log.Warn("browsers run without isolation (--browser-isolation=none): as serve's own user, with their egress listeners open to every local process; the guard's refusals still hold, the operating system's do not")
+	}
 	if _, err := exec.LookPath(cfg.Chromium); err != nil {
 		log.Warn("no Chromium: launching a browser for a run fails until it is installed (apt-get install chromium) or --chromium names it", "chromium", cfg.Chromium, "err", err)
 	}

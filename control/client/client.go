@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -49,6 +50,9 @@ type Client struct {
 	token string
 	actor string
 	hc    *http.Client
+	// long carries the calls that outlive hc's timeout (a watch stream, a
+	// long poll): hc's transport, bounded by their own contexts instead.
+	long *http.Client
 }
 
 // New checks baseURL (http or https, with a host) and returns a client.
@@ -71,7 +75,8 @@ func New(baseURL string, opts Options) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultTimeout}
 	}
-	return &Client{base: u, token: opts.Token, actor: opts.Actor, hc: hc}, nil
+	long := &http.Client{Transport: hc.Transport, CheckRedirect: hc.CheckRedirect, Jar: hc.Jar}
+	return &Client{base: u, token: opts.Token, actor: opts.Actor, hc: hc, long: long}, nil
 }
 
 // Reply is a decoded answer with the bytes it came from.
@@ -176,6 +181,23 @@ func (c *Client) Token(ctx context.Context, runID string, req control.TokenReque
 // cancel revokes it while it waits.
 func (c *Client) Retry(ctx context.Context, runID string, req control.RetryRequest) (Reply[control.GuardResponse], error) {
 	return call[control.GuardResponse](ctx, c, http.MethodPost, runPath(runID, "retries"), nil, req)
+}
+
+// DispatchRetry runs a scheduled retry when its time has come (POST
+// /v1/runs/RUN/retries/STEP/ATTEMPT/dispatch): 201 with it IN_FLIGHT, leased
+// to the worker; an *APIError 409 once the cancel revoked it.
+func (c *Client) DispatchRetry(ctx context.Context, runID, step string, attempt int, req control.DispatchRequest) (Reply[control.GuardResponse], error) {
+	path := runPath(runID, "retries/"+url.PathEscape(step)+"/"+strconv.Itoa(attempt)+"/dispatch")
+	return call[control.GuardResponse](ctx, c, http.MethodPost, path, nil, req)
+}
+
+// Renew is a worker's heartbeat on an effect it carries (POST
+// /v1/runs/RUN/intents/KEY/renew): the lease extended, and the run's row,
+// which says whether the run was cancelled meanwhile. An *APIError 409
+// intent_not_in_flight says the lease is no longer the worker's: stop, and
+// do not report success.
+func (c *Client) Renew(ctx context.Context, runID, key string, req control.RenewRequest) (Reply[control.RenewResponse], error) {
+	return call[control.RenewResponse](ctx, c, http.MethodPost, intentPath(runID, key, "renew"), nil, req)
 }
 
 // Begin runs the guard for an effect the caller carries itself (POST
@@ -287,35 +309,16 @@ func call[T any](ctx context.Context, c *Client, method, path string, query url.
 // do sends one request and returns a 2xx body as sent, or an error:
 // *APIError for an answer, a wrapped transport error otherwise.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any) (json.RawMessage, int, error) {
-	// path is already escaped (runPath), and the base has no query, so
-	// joining strings keeps a run id's escapes as they are.
-	target := c.base.String() + path
-	if len(query) > 0 {
-		target += "?" + query.Encode()
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, 0, fmt.Errorf("encode %s %s: %w", method, path, err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	return c.doWith(ctx, c.hc, method, path, query, body)
+}
+
+// doWith is do through hc.
+func (c *Client) doWith(ctx context.Context, hc *http.Client, method, path string, query url.Values, body any) (json.RawMessage, int, error) {
+	req, err := c.request(ctx, method, path, query, body)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, 0, err
 	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if c.actor != "" {
-		req.Header.Set(control.ActorHeader, c.actor)
-	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("cannot reach the control API at %s: %w", c.base.Redacted(), unwrapURLError(err))
 	}
@@ -331,6 +334,39 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return raw, resp.StatusCode, nil
 	}
 	return nil, resp.StatusCode, apiError(resp, raw)
+}
+
+// request builds one request of the API, with the client's credentials.
+func (c *Client) request(ctx context.Context, method, path string, query url.Values, body any) (*http.Request, error) {
+	// path is already escaped (runPath), and the base has no query, so
+	// joining strings keeps a run id's escapes as they are.
+	target := c.base.String() + path
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("encode %s %s: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.actor != "" {
+		req.Header.Set(control.ActorHeader, c.actor)
+	}
+	return req, nil
 }
 
 func apiError(resp *http.Response, raw []byte) error {

@@ -110,6 +110,8 @@ type group struct {
 	rendered [][]*record
 	fields   []string
 	bases    []string
+	// ops is the room the operations of the group's steps share.
+	ops []any
 }
 
 // runSteps decides and writes steps, grouped by run in the order each
@@ -288,7 +290,9 @@ func (s *Store) decideGroup(g *group) []*step {
 		var ops []any
 		var rendered []*record
 		if err == nil && m != nil {
-			ops, st.returns, rendered, err = render(v, m)
+			start := len(g.ops)
+			g.ops, st.returns, rendered, err = render(v, m, g.ops, !st.later)
+			ops = g.ops[start:len(g.ops):len(g.ops)]
 		}
 		if err == machine.ErrUnknown || err == errNeedsRead {
 			return g.steps[i:]
@@ -453,7 +457,8 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	keys := make([]string, 0, 7*len(groups))
 	size := 1
 	for _, g := range groups {
-		size += 8 + len(rowFields) + 2*len(g.sent)
+		fields, bases := g.reads()
+		size += 8 + len(fields) + len(bases) + len(g.sent)
 		for _, st := range g.sent {
 			size += len(st.ops)
 		}
@@ -465,9 +470,9 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	args := make([]any, head+1, head+size)
 	args[head] = len(groups)
 	for _, g := range groups {
-		fields, bases := g.reads()
+		fields, bases := g.fields, g.bases
 		at := len(args)
-		args = append(args, 0, g.now, clockSlack.Milliseconds(), len(g.sent), flag(g.moves), len(rowFields), len(fields))
+		args = append(args, 0, g.now, clockSlack.Milliseconds(), len(g.sent), flag(g.moves), len(fields))
 		for _, f := range fields {
 			args = append(args, f)
 		}
@@ -512,12 +517,12 @@ func opCount(ops []any) int {
 	return n
 }
 
-// reads lists the fields of the run's hash the group's steps touch, the
-// row's own first, and the derived-key counters.
-// A field named twice is read twice, which changes nothing.
+// reads lists the fields of the run's hash the group's steps touch besides
+// the row's own (which the program always reads first), and the
+// derived-key counters. A field named twice is read twice, which changes
+// nothing.
 func (g *group) reads() ([]string, []string) {
-	fields := make([]string, len(rowFields), len(rowFields)+4*len(g.sent))
-	copy(fields, rowFields)
+	fields := make([]string, 0, 4*len(g.sent))
 	var bases []string
 	for _, st := range g.sent {
 		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
@@ -610,7 +615,7 @@ func (s *Store) readRuns(ctx context.Context, via execer, groups []*group) error
 		}
 		starts[len(all)] = len(args)
 		args = append(args, 0)
-		fields := append([]string(nil), rowFields...)
+		fields := make([]string, 0, 1+2*len(n.keys))
 		fields = append(fields, "l")
 		for _, k := range n.keys {
 			fields = append(fields, "i:"+k, "s:"+k)
@@ -671,8 +676,8 @@ func viewOfRead(id string, fields, bases []string, n needs, x any) (*runView, er
 	}
 	str := func(x any) (string, bool) { s, ok := x.(string); return s, ok }
 	vals, _ := a[0].([]any)
-	if len(vals) != len(fields) {
-		return nil, fmt.Errorf("redis read run %s: %d values for %d fields", id, len(vals), len(fields))
+	if len(vals) != len(rowFields)+len(fields) {
+		return nil, fmt.Errorf("redis read run %s: %d values for %d fields", id, len(vals), len(rowFields)+len(fields))
 	}
 	v := &runView{id: id, read: true, recs: map[string]*record{}, derived: map[string]int64{}}
 	rowVals := vals[:len(rowFields)]

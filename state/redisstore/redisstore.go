@@ -302,8 +302,8 @@ func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// rowFields are the row's own fields in the run's hash (lua/prelude.lua,
-// ROW); the rest of the hash holds its intents.
+// rowFields are the row's own fields in the run's hash (ROW in the
+// programs: rowPrelude); the rest of the hash holds its intents.
 var rowFields = []string{"status", "v", "reason", "status_reason", "created", "updated", "cancelled", "drain", "t",
 	"o", "pruned", "n:IN_FLIGHT", "n:SCHEDULED", "n:RESPONDED", "n:NOT_SENT", "n:UNKNOWN",
 	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED"}

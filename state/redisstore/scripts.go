@@ -45,7 +45,18 @@ type program struct {
 }
 
 func newProgram(name, code string) *program {
+	code = rowPrelude() + code
 	return &program{name: name, code: code, script: redis.NewScript(code + "\nreturn " + name + "(KEYS, ARGV)\n")}
+}
+
+// rowPrelude names the row's own fields for the programs (ROW), from
+// rowFields: the programs read them without being sent their names.
+func rowPrelude() string {
+	quoted := make([]string, len(rowFields))
+	for i, f := range rowFields {
+		quoted[i] = "'" + f + "'"
+	}
+	return "local ROW = {" + strings.Join(quoted, ", ") + "}\n"
 }
 
 var (

@@ -287,12 +287,22 @@ func (v *runView) absorb(m *machine.Mutation, rendered []*record) {
 var errNeedsRead = errors.New("redis: the step needs a read of its run")
 
 // render turns a step's mutation into the apply program's operations for
-// it: its checks, then its writes, then what it answers. It also gives the
-// records as they will stand (in the order of m.Intents), for the view to
-// absorb.
-func render(v *runView, m *machine.Mutation) ([]any, int, []*record, error) {
-	ops := make([]any, 0, 8+3*len(m.Expect)+12*len(m.Intents))
+// it, appended to buf (the group's, so that a group's steps share its
+// room; on an error buf is given back as it was): its checks, then its writes, then what it answers. answer: the
+// caller wants the records written whole, so that the first half of one
+// assumed, not read, is read back. It also gives the records as they will
+// stand (in the order of m.Intents), for the view to absorb.
+func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int, []*record, error) {
+	ops := buf
 	op := func(args ...any) { ops = append(ops, args...) }
+	// field names the record's field once for its check and its write.
+	var lastKey, lastField string
+	field := func(key string) string {
+		if key != lastKey || lastField == "" {
+			lastKey, lastField = key, "s:"+key
+		}
+		return lastField
+	}
 	for _, e := range m.Expect {
 		switch e.Kind {
 		case machine.ExpectRowAbsent:
@@ -306,17 +316,17 @@ func render(v *runView, m *machine.Mutation) ([]any, int, []*record, error) {
 		case machine.ExpectCountAtLeast:
 			op(">", countField(e.State), e.N)
 		case machine.ExpectIntentAbsent:
-			op("=", "s:"+e.Key, "")
+			op("=", field(e.Key), "")
 		case machine.ExpectIntentPresent:
-			op("^", "s:"+e.Key, "")
+			op("^", field(e.Key), "")
 		case machine.ExpectIntentAt:
-			op("^", "s:"+e.Key, mutHead(e.State, int(e.N), e.Refusals))
+			op("^", field(e.Key), mutHead(e.State, int(e.N), e.Refusals))
 		case machine.ExpectIntent:
 			r := v.recs[e.Key]
 			if r == nil || r.mut == "" {
-				return nil, 0, nil, errNeedsRead
+				return buf, 0, nil, errNeedsRead
 			}
-			op("=", "s:"+e.Key, r.mut)
+			op("=", field(e.Key), r.mut)
 		case machine.ExpectDerived:
 			op("Q", e.Key, e.N)
 		case machine.ExpectNotAfter:
@@ -361,7 +371,7 @@ func render(v *runView, m *machine.Mutation) ([]any, int, []*record, error) {
 			}
 		default:
 			if old == nil || old.ord == 0 {
-				return nil, 0, nil, errNeedsRead
+				return buf, 0, nil, errNeedsRead
 			}
 			r.ord = old.ord
 			r.imm = immText(in, old.ord)
@@ -369,12 +379,14 @@ func render(v *runView, m *machine.Mutation) ([]any, int, []*record, error) {
 		}
 		if w.Mutable && (old == nil || old.imm == "") {
 			// The record's first half was assumed, not read: the answer
-			// takes it from the store.
-			op("R", "i:"+k)
-			returns++
+			// takes it from the store, if one is wanted.
+			if answer {
+				op("R", "i:"+k)
+				returns++
+			}
 			r.partial = true
 		}
-		op("h", "s:"+k, r.mut)
+		op("h", field(k), r.mut)
 		from, to := w.From, in.State
 		switch {
 		case to == state.IntentInFlight && (from != to || old == nil || !in.LeaseExpires.Equal(old.in.LeaseExpires)):

@@ -13,9 +13,9 @@
 -- far (ms) the run's last step may be ahead of it, its number of steps,
 -- 1 if its
 -- first step moves a run of the old layout into this one (else 0), the
--- number of the row's own fields it answers, the fields of the run's hash
--- it reads (the row's own first), the number and names of the derived-key
--- counters it reads; then
+-- number and names of the fields of the run's hash it reads besides the
+-- row's own (ROW, which it always reads), the number and names of the
+-- derived-key counters it reads; then
 -- its steps, each the number of its operations and the operations, an
 -- opcode and its arguments:
 --   checks  '=' field text (absent: ''), '#' field n and '>' field n (the
@@ -44,11 +44,12 @@ local function apply_group(KEYS, A, g, a, clock)
   local kb = (g - 1) * 7
   local k_run, k_legacy, k_order, k_seq, k_lease, k_sched, k_events =
     KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], KEYS[kb + 5], KEYS[kb + 6], KEYS[kb + 7]
-  local now, ahead, nsteps, moves, nrow, nf = A[a], A[a + 1], tonumber(A[a + 2]), A[a + 3] == '1', tonumber(A[a + 4]), tonumber(A[a + 5])
-  a = a + 6
-  local fields = {}
+  local now, ahead, nsteps, moves, nf = A[a], A[a + 1], tonumber(A[a + 2]), A[a + 3] == '1', tonumber(A[a + 4])
+  a = a + 5
+  local nrow = #ROW
+  local fields = {unpack(ROW)}
   for i = 1, nf do
-    fields[i] = A[a + i - 1]
+    fields[nrow + i] = A[a + i - 1]
   end
   a = a + nf
   local nq = tonumber(A[a])

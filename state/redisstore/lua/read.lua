@@ -7,8 +7,8 @@
 -- KEYS: the seven keys of each group's run, group after group. ARGV: the
 -- number of groups; then for each group the number of its arguments that
 -- follow, the fields of the run's hash to
--- read (their number, then them: the row's own and i:KEY, s:KEY of the
--- records named), the derived-key counters (number, then bases), and two
+-- read besides the row's own (ROW, always read first; their number, then
+-- them: l and i:KEY, s:KEY of the records named), the derived-key counters (number, then bases), and two
 -- flags, 1 or 0: the lease set's records, the scheduled set's.
 -- It answers, for each group, {fields' values, counters' values, lease
 -- set (member, score, ...; a lone lease of an older layout scored 'lone')
@@ -23,9 +23,10 @@ local function read(KEYS, A)
     local kb = (g - 1) * 7
     local k_run, k_legacy, k_seq, k_lease, k_sched = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 4], KEYS[kb + 5], KEYS[kb + 6]
     local nf = tonumber(A[a])
-    local fields = {}
+    local nrow = #ROW
+    local fields = {unpack(ROW)}
     for i = 1, nf do
-      fields[i] = A[a + i]
+      fields[nrow + i] = A[a + i]
     end
     a = a + nf + 1
     local nq = tonumber(A[a])
