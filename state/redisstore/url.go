@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -178,9 +179,26 @@ func (u *URL) parseMultiHost(base, rest string) error {
 				return fmt.Errorf("database %q: Redis Cluster has only database 0", path)
 			}
 		}
+		// go-redis's cluster parser has no skip_verify, which its other
+		// two parsers take: read here, so that every form takes it alike.
+		skipVerify := false
+		if u.tls && q.Has("skip_verify") {
+			switch v := q.Get("skip_verify"); v {
+			case "true", "1":
+				skipVerify = true
+			case "false", "0", "":
+			default:
+				return fmt.Errorf("skip_verify %q: want true or false", v)
+			}
+			q.Del("skip_verify")
+		}
 		opt, err := redis.ParseClusterURL(base + "://" + userinfo + addrs[0] + "?" + q.Encode())
 		if err != nil {
 			return err
+		}
+		if opt.TLSConfig != nil {
+			opt.TLSConfig.MinVersion = tls.VersionTLS12
+			opt.TLSConfig.InsecureSkipVerify = skipVerify
 		}
 		if opt.ReadOnly || opt.RouteByLatency || opt.RouteRandomly {
 			return fmt.Errorf("read_only, route_by_latency and route_randomly read from replicas: stopgate reads and writes its rows on the masters")

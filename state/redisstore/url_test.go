@@ -1,11 +1,17 @@
 package redisstore_test
 
 import (
+	"crypto/tls"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/redisstore"
 )
@@ -76,4 +82,62 @@ func TestAPasswordApartGoesToTheDataNodesOfEveryForm(t *testing.T) {
 			t.Errorf("%s with a password apart: %v, want ErrInvalid showing neither", withOwn, err)
 		}
 	}
+}
+
+// TestEveryFormSpeaksTLS: a rediss URL of each form reaches a real Redis
+// that speaks TLS alone (no plain port): one node, the master a Sentinel
+// over TLS names, a cluster whose nodes talk TLS; the store works on each,
+// and the probe of who may read it speaks TLS to the data node too. The
+// servers' certificate is the test's own, so the URLs say skip_verify: this
+// shows TLS spoken on every connection, not the system roots' verdict.
+func TestEveryFormSpeaksTLS(t *testing.T) {
+	files := redisserver.MakeTLS(t)
+	ctx := tctx(t)
+	use := func(t *testing.T, url string) {
+		t.Helper()
+		s := open(t, url, redisstore.Options{})
+		must(s.Admit(ctx, state.AdmitRequest{RunID: "tls", Actor: "t"}))(t)
+		res := must(s.Guard(ctx, guardReq("tls", "k")))(t)
+		if !res.Admitted {
+			t.Fatalf("guard over TLS: %+v", res)
+		}
+		x := must(s.Exposure(ctx))(t)
+		if x.Auth != redisstore.AuthOpen {
+			t.Errorf("the probe over TLS: %+v, want it to reach the data node and find it open", x)
+		}
+	}
+	t.Run("node", func(t *testing.T) {
+		srv := redisserver.Start(t, redisserver.Options{TLS: files})
+		if _, err := redisstore.Open(ctx, "redis://"+srv.Addr()+"/0", redisstore.Options{Logger: quiet(t)}); !errors.Is(err, state.ErrUnavailable) {
+			t.Fatalf("plain redis:// to a TLS-only server: %v, want it unreachable", err)
+		}
+		use(t, strings.Replace(srv.URL(), "redis://", "rediss://", 1)+"?skip_verify=true")
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		master := redisserver.Start(t, redisserver.Options{TLS: files})
+		host, port, _ := strings.Cut(master.Addr(), ":")
+		sentinel := redisserver.Start(t, redisserver.Options{TLS: files, Sentinel: true, Conf: "sentinel monitor stopgate " + host + " " + port + " 1\n"})
+		use(t, "rediss-sentinel://"+sentinel.Addr()+"/0?master=stopgate&skip_verify=true")
+	})
+	t.Run("cluster", func(t *testing.T) {
+		bus, err := redisserver.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := redisserver.Start(t, redisserver.Options{TLS: files, Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus)}})
+		admin := redis.NewClient(&redis.Options{Addr: node.Addr(), TLSConfig: &tls.Config{RootCAs: files.Pool, ServerName: "127.0.0.1"}, MaxRetries: -1})
+		defer admin.Close()
+		if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
+			t.Fatalf("cluster addslotsrange over TLS: %v", err)
+		}
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if info, err := admin.ClusterInfo(ctx).Result(); err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the TLS cluster did not become ok")
+			}
+		}
+		use(t, "rediss-cluster://"+node.Addr()+"?skip_verify=true")
+	})
 }
