@@ -2,19 +2,15 @@ package redisserver
 
 import (
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
+
+	"github.com/stopgate/stopgate/proxy"
 )
 
 // TLSFiles are a CA and a certificate for 127.0.0.1 it signed, in the files
@@ -27,45 +23,30 @@ type TLSFiles struct {
 	Pool *x509.CertPool
 }
 
-// MakeTLS makes a CA and a server certificate for 127.0.0.1 in a temporary
-// directory of t.
+// MakeTLS makes the files in a temporary directory of t, with stopgate's
+// own CA code (the egress proxy's CA and one of its leaves).
 func MakeTLS(t testing.TB) *TLSFiles {
 	t.Helper()
-	dir := t.TempDir()
 	fail := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("redisserver: TLS files: %v", err)
 		}
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	dir := t.TempDir()
+	ca, err := proxy.LoadOrCreateCA(dir)
 	fail(err)
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "redisserver test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	leaf, err := ca.Leaf("127.0.0.1")
+	fail(err)
+	keyDER, err := x509.MarshalECPrivateKey(leaf.PrivateKey.(*ecdsa.PrivateKey))
+	fail(err)
+	var chain []byte
+	for _, der := range leaf.Certificate {
+		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	fail(err)
-	ca, err := x509.ParseCertificate(caDER)
-	fail(err)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	fail(err)
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
-	}, ca, &key.PublicKey, caKey)
-	fail(err)
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	fail(err)
-	f := &TLSFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), Pool: x509.NewCertPool()}
-	f.Pool.AddCert(ca)
-	fail(os.WriteFile(f.CA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
-	fail(os.WriteFile(f.Cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	f := &TLSFiles{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), Pool: x509.NewCertPool()}
+	f.Pool.AddCert(ca.Cert.Leaf)
+	fail(os.WriteFile(f.Cert, chain, 0o600))
 	fail(os.WriteFile(f.Key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
 	return f
 }

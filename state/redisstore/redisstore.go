@@ -173,25 +173,30 @@ func newClient(u URL, opTimeout time.Duration) redis.UniversalClient {
 	switch u.kind {
 	case KindSentinel:
 		opt := *u.failover
-		opt.MaxRetries = -1
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
-		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return redis.NewFailoverClient(&opt)
 	case KindCluster:
 		opt := *u.cluster
-		opt.MaxRetries = -1
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
-		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return redis.NewClusterClient(&opt)
 	default:
 		opt := *u.node
-		opt.MaxRetries = -1
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = opTimeout, opTimeout, opTimeout, opTimeout
-		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries, opt.DialerRetryTimeout = dialAttempts, dialBackoff
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return redis.NewClient(&opt)
+	}
+}
+
+// bound sets, in the options of any of go-redis's clients, what stopgate
+// decides whatever the URL says (see newClient): no retries, every timeout
+// opTimeout and enforced on the context, dials retried briefly.
+func bound(opTimeout time.Duration, maxRetries *int, contextTimeout *bool, dialerRetries *int, dialerRetryTimeout *time.Duration, timeouts ...*time.Duration) {
+	*maxRetries, *contextTimeout = -1, true
+	*dialerRetries, *dialerRetryTimeout = dialAttempts, dialBackoff
+	for _, t := range timeouts {
+		*t = opTimeout
 	}
 }
 
