@@ -29,14 +29,27 @@ test: test-deps
 # on each store, side by side in one run, each proxy its own process; Markdown
 # tables on stdout. Takes minutes; CI does not run it.
 # Flags through BENCH_FLAGS, e.g. BENCH_FLAGS="-skip stored -repeats 5".
+# BENCH_BEFORE=<git rev> also builds that revision's stopgate (in a git
+# worktree under bin/, removed afterwards) into bin/stopgate-before and
+# measures it beside this one in the main table, with a before-and-after table.
+BENCH_BEFORE ?=
+BENCH_BEFORE_SRC := bin/.stopgate-before-src
 bench: test-deps
 	GO=$(GO) ./scripts/bench-deps
 	$(GO) build -o $(BIN) ./cmd/proxy
+ifneq ($(BENCH_BEFORE),)
+	@rev=$$(git rev-parse --verify --quiet "$(BENCH_BEFORE)^{commit}") || { echo "BENCH_BEFORE=$(BENCH_BEFORE): not a commit"; exit 1; }; \
+	git worktree remove --force $(BENCH_BEFORE_SRC) 2>/dev/null; rm -rf $(BENCH_BEFORE_SRC); \
+	git worktree add --force --detach --quiet $(BENCH_BEFORE_SRC) $$rev || exit 1; \
+	(cd $(BENCH_BEFORE_SRC) && $(GO) build -o $(CURDIR)/bin/stopgate-before ./cmd/proxy); rc=$$?; \
+	git worktree remove --force $(BENCH_BEFORE_SRC); exit $$rc
+endif
 	$(GO) build -o bin/plain-goproxy ./internal/bench/cmd/plain-goproxy
 	$(GO) build -o bin/stopgate-bench ./internal/bench/cmd/stopgate-bench
 	./bin/stopgate-bench -stopgate $(BIN) -baseline bin/plain-goproxy -smokescreen bin/smokescreen -squid bin/squid \
 		-commit "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- || echo +uncommitted)" \
 		-cache-key "$$( ($(GO) version; find state intents internal/bench/preload.go go.mod go.sum -type f | sort | xargs sha256sum) | sha256sum | cut -c1-16)" \
+		$(if $(BENCH_BEFORE),-before bin/stopgate-before -before-label "$$(git rev-parse --short "$(BENCH_BEFORE)^{commit}")") \
 		$(BENCH_FLAGS)
 
 # Go micro-benchmarks: a POST direct and through the in-process proxy on each

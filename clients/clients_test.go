@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,16 +38,6 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // instance is one `stopgate serve`.
@@ -98,12 +87,11 @@ func startFleet(t *testing.T) *fleet {
 // added to its clean environment.
 func startServe(t *testing.T, dataDir string, env []string, args ...string) *instance {
 	t.Helper()
-	inst := &instance{control: "http://" + freeAddr(t), proxy: freeAddr(t)}
-	argv := append([]string{"serve",
-		"--control-addr", strings.TrimPrefix(inst.control, "http://"), "--proxy-addr", inst.proxy, "--browser-addr", freeAddr(t),
+	argv := append([]string{
 		"--data-dir", dataDir, "--sweep-interval", "200ms", "--recheck-interval", "200ms", "--drain-timeout", "30s",
 	}, args...)
-	inst.Process = testkit.StartProcess(t, binary, argv, append(cleanEnv(), env...), "", inst.control+"/healthz")
+	inst := &instance{Process: testkit.StartServe(t, binary, argv, append(cleanEnv(), env...), "")}
+	inst.control, inst.proxy = "http://"+inst.Bound.Control, inst.Bound.Proxy
 	return inst
 }
 

@@ -77,7 +77,7 @@ func (h *Handler) resolve(r *http.Request, actor string) (int, any, error) {
 		if err := h.verifyWebhook(r, id, key, body, raw); err != nil {
 			return 0, nil, err
 		}
-		actor = "webhook:" + source
+		actor = state.ResolutionWebhook + ":" + source
 	} else {
 		source = cmp.Or(source, DefaultResolveSource)
 		// An operator need not name the intent in the body; one who does

@@ -531,6 +531,12 @@ type Store interface {
 	// first such record.
 	Prune(ctx context.Context, req PruneRequest) (int, error)
 
+	// Totals counts every run by status, the intents UNKNOWN and the
+	// reconciliations by source, across every run the store holds (every
+	// instance's), kept in the same atomic step as each transition: a
+	// read costs the same however many runs there are.
+	Totals(ctx context.Context) (Totals, error)
+
 	// Cancels delivers the id of every run whose cancel commits, from any
 	// instance sharing the store, until ctx ends. Delivery is best effort:
 	// callers re-check rows periodically.
@@ -540,6 +546,48 @@ type Store interface {
 	// a store that can be read but not written is down for the guard.
 	Ping(ctx context.Context) error
 	Close() error
+}
+
+// Totals are a store's counts across every run it holds: what an operator
+// alerts on (runs UNKNOWN, effects awaiting reconciliation).
+type Totals struct {
+	// Runs counts the runs in each status (pruned runs included: a row
+	// stays).
+	Runs map[Status]int64
+	// UnknownIntents counts the intents UNKNOWN, awaiting reconciliation.
+	UnknownIntents int64
+	// Resolutions counts the UNKNOWN intents reconciled, by source
+	// (ResolutionSources), since the store began keeping totals.
+	Resolutions map[string]int64
+}
+
+// Where a reconciliation of an UNKNOWN intent came from, as Totals counts
+// it: an operator, a signed webhook (whatever provider it names), a
+// lookup, or a late answer of the upstream (Finish RESPONDED after a
+// deadline). Any other source counts as ResolutionOther, so that the set
+// stays small enough to label a metric with.
+const (
+	ResolutionOperator = "operator"
+	ResolutionWebhook  = "webhook"
+	ResolutionLookup   = "lookup"
+	ResolutionResponse = "late_response"
+	ResolutionOther    = "other"
+)
+
+// ResolutionSources lists every source Totals counts under.
+var ResolutionSources = []string{ResolutionOperator, ResolutionWebhook, ResolutionLookup, ResolutionResponse, ResolutionOther}
+
+// ResolutionSource is the source the reconciliation req counts under: a
+// webhook's actor is webhook:PROVIDER, its source the provider.
+func ResolutionSource(req ResolveRequest) string {
+	if strings.HasPrefix(req.Actor, ResolutionWebhook+":") {
+		return ResolutionWebhook
+	}
+	switch req.Source {
+	case ResolutionOperator, ResolutionWebhook, ResolutionLookup:
+		return req.Source
+	}
+	return ResolutionOther
 }
 
 // OutcomeDelay bounds how long an outcome queued by FinishLater waits for

@@ -124,6 +124,13 @@ func (m *measured) Prune(ctx context.Context, req state.PruneRequest) (int, erro
 	return n, err
 }
 
+func (m *measured) Totals(ctx context.Context) (state.Totals, error) {
+	start := time.Now()
+	out, err := m.Store.Totals(ctx)
+	m.observe("totals", start, err)
+	return out, err
+}
+
 func (m *measured) Ping(ctx context.Context) error {
 	start := time.Now()
 	err := m.Store.Ping(ctx)

@@ -84,8 +84,8 @@ func TestServeRefusesAnUnsafeFleetCA(t *testing.T) {
 	if err := os.Chmod(keyFile, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errOut := runBinary(t, nil, "serve", "--data-dir", t.TempDir(), "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
-		"--browser-addr", freeAddr(t), "--ca-cert", certFile, "--ca-key", keyFile)
+	code, _, errOut := runBinary(t, nil, "serve", "--data-dir", t.TempDir(), "--proxy-addr", anyPort, "--control-addr", anyPort,
+		"--browser-addr", anyPort, "--ca-cert", certFile, "--ca-key", keyFile)
 	if code != 1 || !strings.Contains(errOut, "--ca-cert, --ca-key: CA key "+keyFile+": has mode 0644") || !strings.Contains(errOut, "chmod 600") {
 		t.Fatalf("serve with a world-readable CA key: exit %d, stderr:\n%s", code, errOut)
 	}

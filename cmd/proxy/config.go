@@ -83,6 +83,9 @@ type serveConfig struct {
 	// MetricsAddr is a listener serving /metrics alone (the scraper's,
 	// apart from the control API); empty: none.
 	MetricsAddr string
+	// ReadyFile receives the listeners' bound addresses once all are up
+	// (package readyfile); empty: none written.
+	ReadyFile string
 	// LeaseTTL is how long an in-flight effect stays leased to this
 	// instance without renewal; a killed instance's effects turn UNKNOWN then.
 	LeaseTTL time.Duration
@@ -179,6 +182,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(levelValue{&cfg.LogLevel}, "log-level", "`level`: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "`format` of the log: text or json (one object per line)")
 	fs.Var(boolValue{&cfg.AccessLog}, "access-log", "log one line per proxied request at info (msg=access): run, method, host, intent, recorded state, status, bytes each way, upstream latency, duration")
+	fs.StringVar(&cfg.ReadyFile, "ready-file", "", "file to write, once every listener is up, their bound addresses as JSON (proxy, control, browser, metrics, transparent): with port 0 for a listener, how a caller learns the port; empty: none")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "listen address (host:port) of a listener that serves /metrics and nothing else, for a scraper that must not reach the control API; empty: /metrics is on the control API only")
 	cfg.LeaseTTL = intents.DefaultLeaseTTL
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
@@ -298,11 +302,11 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 			return bad(name, "%q: %v", addr, err)
 		}
 	}
-	if c.ProxyAddr == c.ControlAddr {
+	if sameListener(c.ProxyAddr, c.ControlAddr) {
 		return bad("control-addr", "%q is also the proxy address; the two listeners need different ports", c.ControlAddr)
 	}
 	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr} {
-		if c.BrowserAddr == other {
+		if sameListener(c.BrowserAddr, other) {
 			return bad("browser-addr", "%q is also the %s address; the listeners need different ports", c.BrowserAddr, name)
 		}
 	}
@@ -311,7 +315,7 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 			return bad("metrics-addr", "%q: %v", c.MetricsAddr, err)
 		}
 		for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr, "transparent": c.TransparentAddr} {
-			if c.MetricsAddr == other {
+			if sameListener(c.MetricsAddr, other) {
 				return bad("metrics-addr", "%q is also the %s address; the listeners need different ports", c.MetricsAddr, name)
 			}
 		}
@@ -323,7 +327,7 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 		return bad("transparent-addr", "%q: %v", c.TransparentAddr, err)
 	}
 	for name, other := range map[string]string{"proxy": c.ProxyAddr, "control": c.ControlAddr, "browser": c.BrowserAddr} {
-		if c.TransparentAddr == other {
+		if sameListener(c.TransparentAddr, other) {
 			return bad("transparent-addr", "%q is also the %s address; the listeners need different ports", c.TransparentAddr, name)
 		}
 	}
@@ -541,6 +545,13 @@ func (c *serveConfig) readSecrets(source map[string]string) error {
 
 // checkAddr accepts host:port with a numeric port; an empty host listens
 // on every interface, which an operator must ask for explicitly (":8081").
+// sameListener reports whether two listen addresses would be one socket:
+// port 0 asks the kernel for a free port, a different one each time.
+func sameListener(a, b string) bool {
+	_, port, _ := net.SplitHostPort(a)
+	return a == b && port != "0"
+}
+
 func checkAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {

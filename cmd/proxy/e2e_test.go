@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,20 +65,14 @@ func buildAndRun(m *testing.M) int {
 	return m.Run()
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// anyPort asks the kernel for a free port when serve listens: a test
+// never picks one and hands it on, which another test may take first.
+const anyPort = "127.0.0.1:0"
 
-// server is one `stopgate serve` process.
+// server is one `stopgate serve` process, on the ports it chose itself
+// (its ready file's).
 type server struct {
 	*testkit.Process
-	args    []string
 	control string // http://host:port
 	// dataDir is serve's --data-dir, where the CLI finds the operator
 	// token (STOPGATE_DATA_DIR).
@@ -112,14 +108,14 @@ func startServeIn(t *testing.T, dir string, args ...string) *server {
 // environment, and args as given.
 func startServeWith(t *testing.T, dir string, env []string, args ...string) *server {
 	t.Helper()
-	s := &server{args: append([]string{"serve", "--control-addr", freeAddr(t), "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, args...)}
-	s.control = "http://" + s.args[2]
-	for i, a := range s.args[:len(s.args)-1] {
+	s := &server{}
+	for i, a := range args[:max(len(args)-1, 0)] {
 		if a == "--data-dir" {
-			s.dataDir = s.args[i+1]
+			s.dataDir = args[i+1]
 		}
 	}
-	s.Process = testkit.StartProcess(t, binary, s.args, append(cleanEnv(), env...), dir, s.control+"/healthz")
+	s.Process = testkit.StartServe(t, binary, args, append(cleanEnv(), env...), dir)
+	s.control = "http://" + s.Bound.Control
 	return s
 }
 
@@ -261,7 +257,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{nil, []string{"--store", "redis://127.0.0.1:6379/notanumber"}, 2, "--store"},
 		{nil, []string{"--control-addr", busy.Addr().String(), "--data-dir", dir}, 1, "--control-addr " + busy.Addr().String()},
 	} {
-		code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t)}, tc.args...)...)
+		code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", anyPort, "--browser-addr", anyPort}, tc.args...)...)
 		if code != tc.code || !strings.Contains(errOut, tc.say) {
 			t.Errorf("serve %q %q: exit %d, want %d saying %q; stderr:\n%s", tc.env, tc.args, code, tc.code, tc.say, errOut)
 		}
@@ -310,9 +306,42 @@ func crashAndCheck(t *testing.T, s *server, crashStore func()) {
 // lose an acknowledged cancel, so --require-durable does not start on it.
 func TestRequireDurableRefusesRedisWithoutFsync(t *testing.T) {
 	redis := redisserver.Start(t, redisserver.Options{})
-	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
+	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", anyPort, "--control-addr", anyPort,
 		"--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
 	if code != exitError || !strings.Contains(errOut, "--require-durable") {
 		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, exitError, errOut)
+	}
+}
+
+// TestServeTellsTheAddressesItBoundInTheReadyFile: every listener on port
+// 0 gets a port of its own, the ready file names each, what it names
+// answers, and the file is gone once serve has stopped.
+func TestServeTellsTheAddressesItBoundInTheReadyFile(t *testing.T) {
+	s := startServe(t, "--data-dir", t.TempDir(), "--metrics-addr", anyPort)
+	b := s.Bound
+	ports := map[string]bool{}
+	for _, a := range []string{b.Proxy, b.Control, b.Browser, b.Metrics} {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host != "127.0.0.1" || port == "0" || ports[port] {
+			t.Fatalf("ready file %+v: %q is not a port of its own", b, a)
+		}
+		ports[port] = true
+	}
+	for _, url := range []string{"http://" + b.Control + "/healthz", "http://" + b.Metrics + "/metrics"} {
+		resp, err := http.Get(url)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %v %v", url, resp, err)
+		}
+		resp.Body.Close()
+	}
+	if !strings.Contains(s.Log(), "addr="+b.Proxy) {
+		t.Errorf("the start line does not say the proxy's bound address %s:\n%s", b.Proxy, s.Log())
+	}
+	file := s.Args()[slices.Index(s.Args(), "--ready-file")+1]
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the ready file after serve stopped: %v", err)
 	}
 }

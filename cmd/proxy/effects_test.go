@@ -18,7 +18,7 @@ import (
 // These tests drive effects through the real binary's egress proxy with
 // curl, as an unmodified agent would, and read the record back with the CLI.
 
-func (s *server) proxyAddr() string { return s.args[4] }
+func (s *server) proxyAddr() string { return s.Bound.Proxy }
 
 // upstreamCounter is a provider on loopback that counts what reaches it;
 // requests to /slow wait until the test ends.

@@ -112,8 +112,8 @@ func TestExecWithoutIsolateSetsTheEnvironmentOfEveryRuntime(t *testing.T) {
 }
 
 func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
-	transparent := freeAddr(t)
-	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", transparent)
+	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", anyPort)
+	transparent := s.Bound.Transparent[0]
 	cl, err := client.New(s.control, client.Options{Token: s.operatorToken(t)})
 	if err != nil {
 		t.Fatal(err)

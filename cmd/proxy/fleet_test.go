@@ -341,8 +341,8 @@ func TestAccessLogIsOneLinePerRequest(t *testing.T) {
 // TestMetricsListenerServesMetricsAlone: --metrics-addr serves /metrics
 // and nothing of the control API, and the egress proxy never reaches it.
 func TestMetricsListenerServesMetricsAlone(t *testing.T) {
-	addr := freeAddr(t)
-	s := startServe(t, "--data-dir", t.TempDir(), "--metrics-addr", addr)
+	s := startServe(t, "--data-dir", t.TempDir(), "--metrics-addr", anyPort)
+	addr := s.Bound.Metrics
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +382,7 @@ func TestServeOnATakenPortWritesNothing(t *testing.T) {
 	}
 	defer taken.Close()
 	dir := filepath.Join(t.TempDir(), "data")
-	code, _, errOut := runBinary(t, nil, "serve", "--data-dir", dir, "--proxy-addr", freeAddr(t), "--browser-addr", freeAddr(t),
+	code, _, errOut := runBinary(t, nil, "serve", "--data-dir", dir, "--proxy-addr", anyPort, "--browser-addr", anyPort,
 		"--control-addr", taken.Addr().String())
 	if code == 0 || !strings.Contains(errOut, "--control-addr") {
 		t.Fatalf("serve on a taken port: exit %d\n%s", code, errOut)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -16,18 +17,10 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/state"
 )
-
-// providedByStore are the metrics the alerts and the dashboard read that
-// the store's gauges and counter will serve (runs by status, UNKNOWN
-// intents, resolutions by source), which this serve does not yet: the one
-// list of names checked by name alone. Delete it once they land.
-var providedByStore = map[string]bool{
-	"stopgate_runs":              true,
-	"stopgate_intents_unknown":   true,
-	"stopgate_resolutions_total": true,
-}
 
 // prometheusRule is deploy/monitoring/prometheusrule.yaml, the fields the
 // Prometheus Operator reads, decoded strictly.
@@ -202,7 +195,7 @@ func family(name string, served map[string]string) string {
 // TestMonitoringNamesWhatMetricsServes: every expression of the shipped
 // alerts and dashboard names at least one stopgate metric, each of which a
 // real serve lists on /metrics once it has refused, cut and drained (the
-// store's gauges, listed in providedByStore, by name until they land), with
+// store's totals included), with
 // its brackets paired; the PodMonitor scrapes the port the manifests name
 // metrics, on the pods networkpolicy.yaml lets the scraper reach.
 func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
@@ -244,7 +237,7 @@ func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
 		for _, n := range found {
 			f := family(n, served)
 			names[f] = true
-			if _, ok := served[f]; !ok && !providedByStore[f] {
+			if _, ok := served[f]; !ok {
 				t.Errorf("%s: %s is not on /metrics", where, n)
 			}
 		}
@@ -256,11 +249,6 @@ func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
 			}
 		}
 	}))
-	for n := range providedByStore {
-		if _, ok := served[n]; ok {
-			t.Errorf("%s is on /metrics now: delete it from providedByStore", n)
-		}
-	}
 
 	var pm podMonitor
 	decodeStrict(t, "../../deploy/monitoring/podmonitor.yaml", &pm)
@@ -288,5 +276,78 @@ func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
 		if !named || ep.Path != "/metrics" {
 			t.Errorf("the %s pods have no port %q on 9090 for %s", kind, ep.Port, ep.Path)
 		}
+	}
+}
+
+// TestTotalsOnMetricsFollowARunThroughUnknown: a run whose effect was in
+// flight at the end of its drain goes UNKNOWN, then is reconciled, and the
+// store's totals on /metrics move with it: on the embedded store, read
+// from the one instance; on Redis, read from a second instance that had
+// no part in it (the totals are the store's, not the instance's).
+func TestTotalsOnMetricsFollowARunThroughUnknown(t *testing.T) {
+	redis := redisserver.Start(t, redisserver.Options{})
+	for _, tc := range []struct {
+		store string
+		args  []string
+		// second: a reader other than the instance the run went through.
+		second bool
+	}{
+		{"embedded", nil, false},
+		{"redis", []string{"--store", redis.URL()}, true},
+	} {
+		t.Run(tc.store, func(t *testing.T) {
+			args := append([]string{"--data-dir", t.TempDir(), "--sweep-interval", "100ms"}, tc.args...)
+			s := startServe(t, args...)
+			reader := s
+			if tc.second {
+				reader = startServe(t, append([]string{"--data-dir", t.TempDir(), "--sweep-interval", "100ms"}, tc.args...)...)
+			}
+			totals := func() string {
+				t.Helper()
+				var lines []string
+				for _, series := range []string{`stopgate_runs{status="ACTIVE"}`, `stopgate_runs{status="UNKNOWN"}`, `stopgate_runs{status="CANCELLED"}`,
+					`stopgate_intents_unknown`, `stopgate_resolutions_total{source="operator"}`} {
+					lines = append(lines, fmt.Sprintf("%s %v", series, reader.metric(t, series)))
+				}
+				return strings.Join(lines, "\n")
+			}
+			want := func(when string, active, unknown, cancelled, intents, resolved float64) {
+				t.Helper()
+				wanted := fmt.Sprintf("stopgate_runs{status=\"ACTIVE\"} %v\nstopgate_runs{status=\"UNKNOWN\"} %v\nstopgate_runs{status=\"CANCELLED\"} %v\nstopgate_intents_unknown %v\nstopgate_resolutions_total{source=\"operator\"} %v",
+					active, unknown, cancelled, intents, resolved)
+				var got string
+				testkit.Eventually(t, 5*time.Second, when, func() bool { got = totals(); return got == wanted })
+				t.Logf("%s, /metrics of %s:\n%s", when, map[bool]string{false: "the instance", true: "the second instance"}[tc.second], got)
+			}
+
+			want("before", 0, 0, 0, 0, 0)
+			held := testkit.NewUpstream(t, false, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+			c := s.proxyClient(t, "totals-run")
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := c.Post(held.URL+"/charge", "application/json", strings.NewReader("{}")); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			testkit.Eventually(t, 5*time.Second, "the charge upstream", func() bool { return held.Hits.Load() == 1 })
+			want("a charge in flight", 1, 0, 0, 0, 0)
+			s.must(t, 0, "cancel", "totals-run", "--drain", "0")
+			<-done
+			want("the drain ended with the charge unanswered", 0, 1, 0, 1, 0)
+			doc := s.audit(t, "totals-run")
+			var key string
+			for _, in := range doc.Intents {
+				if in.State == state.IntentUnknown {
+					key = in.Key
+				}
+			}
+			if key == "" {
+				t.Fatalf("no UNKNOWN intent in the audit: %+v", doc.Intents)
+			}
+			s.must(t, 0, "resolve", "totals-run", key, "--not-applied", "--note", "no charge at the provider")
+			want("reconciled by the operator", 0, 0, 1, 0, 1)
+		})
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/intents"
+	"github.com/stopgate/stopgate/internal/readyfile"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/refusal"
@@ -165,6 +166,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 	// Every part calls the store through its measure: one place times and
 	// counts the store's work, whoever asks.
 	store := tel.Store(opened.Store)
+	tel.Totals(reg, store)
 	inst := &instance{cfg: cfg, log: log, store: opened, measured: store, tel: tel, owner: instanceName(), pol: pol, lns: lns}
 	inst.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	inst.policy = newPolicyHolder(cfg, pol, tel.Metrics(), log.With("component", "policy"))
@@ -208,7 +210,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 		})
 	}
 	if err == nil {
-		inst.transparent, err = startTransparent(cfg, inst.egress, log.With("component", "transparent"))
+		inst.transparent, err = startTransparent(cfg, inst.lns.transparent, inst.egress, log.With("component", "transparent"))
 	}
 	if err == nil {
 		inst.api, err = control.New(control.Options{
@@ -232,6 +234,18 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 	return inst, nil
 }
 
+// bound are the addresses the listeners took (port 0 resolved).
+func (inst *instance) bound() readyfile.Addrs {
+	a := readyfile.Addrs{Proxy: inst.lns.proxy.Addr().String(), Control: inst.lns.control.Addr().String(), Browser: inst.lns.browser.Addr().String()}
+	if inst.lns.metrics != nil {
+		a.Metrics = inst.lns.metrics.Addr().String()
+	}
+	for _, ln := range inst.lns.transparent {
+		a.Transparent = append(a.Transparent, ln.Addr().String())
+	}
+	return a
+}
+
 // protected are the addresses the egress proxy never connects to: this
 // instance's listeners and its store.
 func (inst *instance) protected() []proxy.Protected {
@@ -243,8 +257,8 @@ func (inst *instance) protected() []proxy.Protected {
 	if inst.lns.metrics != nil {
 		out = append(out, proxy.Protected{Addr: inst.lns.metrics.Addr().String(), What: "metrics listener"})
 	}
-	if inst.cfg.TransparentAddr != "" {
-		out = append(out, proxy.Protected{Addr: inst.cfg.TransparentAddr, What: "transparent listener"})
+	for _, ln := range inst.lns.transparent {
+		out = append(out, proxy.Protected{Addr: ln.Addr().String(), What: "transparent listener"})
 	}
 	for _, a := range inst.store.Addrs {
 		out = append(out, proxy.Protected{Addr: a, What: "store"})
@@ -273,6 +287,13 @@ func (inst *instance) run(ctx context.Context) error {
 		servers.start("metrics", inst.lns.metrics, metricsOnly(inst.metrics), controlReadTimeout, controlWriteTimeout)
 	}
 	inst.logStart()
+	if cfg.ReadyFile != "" {
+		if err := readyfile.Write(cfg.ReadyFile, inst.bound()); err != nil {
+			log.Error("the ready file could not be written: a caller waiting for it waits in vain", "err", err)
+		} else {
+			defer os.Remove(cfg.ReadyFile)
+		}
+	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -398,6 +419,9 @@ func (browserLimit) Is(target error) bool { return target == control.ErrBrowserL
 // nil without --metrics-addr.
 type listeners struct {
 	proxy, browser, control, metrics net.Listener
+	// transparent are the transparent listeners (none without
+	// --transparent-addr): IPv4 and, on loopback, IPv6 on the same port.
+	transparent []net.Listener
 }
 
 func listenAll(cfg serveConfig) (*listeners, error) {
@@ -421,12 +445,20 @@ func listenAll(cfg serveConfig) (*listeners, error) {
 		}
 		*l.into = ln
 	}
+	if cfg.TransparentAddr != "" {
+		tl, err := proxy.ListenTransparent(cfg.TransparentAddr)
+		if err != nil {
+			lns.close()
+			return nil, fmt.Errorf("--transparent-addr %s: %w", cfg.TransparentAddr, err)
+		}
+		lns.transparent = tl
+	}
 	return lns, nil
 }
 
 // close closes what is still open; a listener a server took is closed by it.
 func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.proxy, l.browser, l.control, l.metrics} {
+	for _, ln := range append([]net.Listener{l.proxy, l.browser, l.control, l.metrics}, l.transparent...) {
 		if ln != nil {
 			_ = ln.Close()
 		}

@@ -173,8 +173,8 @@ func TestServeSaysWhatElseCouldLoseACancel(t *testing.T) {
 				durable.must(t, 0, "admit", "w2")
 				return
 			}
-			code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", freeAddr(t), "--control-addr", freeAddr(t),
-				"--browser-addr", freeAddr(t), "--store", bare, "--require-durable", "--data-dir", t.TempDir()}, tc.args...)...)
+			code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", anyPort, "--control-addr", anyPort,
+				"--browser-addr", anyPort, "--store", bare, "--require-durable", "--data-dir", t.TempDir()}, tc.args...)...)
 			if code != exitError || !strings.Contains(errOut, "--require-durable") || !strings.Contains(errOut, tc.warn) || strings.Contains(errOut, testRedisPassword) {
 				t.Fatalf("--require-durable: exit %d, want %d naming the flag and %q, without the password; stderr:\n%s", code, exitError, tc.warn, errOut)
 			}

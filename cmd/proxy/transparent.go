@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/stopgate/stopgate/control"
@@ -15,24 +15,20 @@ import (
 // transparentParts are serve's transparent listener (--transparent-addr) and
 // the bindings exec --isolate asks for; both off without the flag.
 type transparentParts struct {
+	// addr is the first listener's bound address.
 	addr   string
 	binder control.TransparentBinder
 	close  func()
 }
 
-func startTransparent(cfg serveConfig, egress *proxy.Proxy, log *slog.Logger) (*transparentParts, error) {
-	if cfg.TransparentAddr == "" {
+// startTransparent serves the transparent listeners lns (none: off); they
+// are closed with the listeners if it fails.
+func startTransparent(cfg serveConfig, lns []net.Listener, egress *proxy.Proxy, log *slog.Logger) (*transparentParts, error) {
+	if len(lns) == 0 {
 		return &transparentParts{close: func() {}}, nil
-	}
-	lns, err := proxy.ListenTransparent(cfg.TransparentAddr)
-	if err != nil {
-		return nil, fmt.Errorf("--transparent-addr %s: %w", cfg.TransparentAddr, err)
 	}
 	tr, err := egress.NewTransparent(proxy.TransparentOptions{})
 	if err != nil {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
 		return nil, err
 	}
 	addrs := make([]string, 0, len(lns))

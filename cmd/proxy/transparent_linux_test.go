@@ -225,7 +225,7 @@ func TestExecIsolateGuardsNodeFetchAndCurl(t *testing.T) {
 	if !strings.HasPrefix(hostOf(up.URL), upstreamIP+":") {
 		t.Fatalf("upstream at %s, want %s", up.URL, upstreamIP)
 	}
-	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", freeAddr(t))
+	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", anyPort)
 	s.must(t, 0, "admit", "iso")
 	dir := testkit.SharedDir(t)
 	gate := filepath.Join(dir, "go")
@@ -277,7 +277,7 @@ func TestExecIsolateTwoRunsAtOnce(t *testing.T) {
 	testkit.NeedTools(t, "curl", "iptables", "ip6tables")
 	up, hits := upstreamCounter(t)
 	target := "http://" + hostOf(up.URL)
-	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", freeAddr(t))
+	s := startServe(t, "--data-dir", t.TempDir(), "--transparent-addr", anyPort)
 	gate := filepath.Join(testkit.SharedDir(t), "go")
 	script := func(run string) string {
 		req := fmt.Sprintf(`curl --noproxy '*' -sS -o /dev/null -w '%s %%{http_code}\n' %s/%s`, run, target, run)
@@ -348,7 +348,7 @@ func TestTransparentByHand(t *testing.T) {
 		t.Fatal(err)
 	}
 	// serve trusts the HTTPS provider as it would trust a public one.
-	s := startServeEnv(t, []string{"SSL_CERT_FILE=" + upstreamCA}, "--data-dir", t.TempDir(), "--transparent-addr", freeAddr(t), "--run", "hand", "--config", policy)
+	s := startServeEnv(t, []string{"SSL_CERT_FILE=" + upstreamCA}, "--data-dir", t.TempDir(), "--transparent-addr", anyPort, "--run", "hand", "--config", policy)
 	s.must(t, 0, "admit", "hand")
 	caFile := filepath.Join(dir, "stopgate-ca.pem")
 	if err := os.WriteFile(caFile, []byte(s.must(t, 0, "ca")), 0o644); err != nil {

@@ -60,7 +60,7 @@ func TestAgentCannotReachStopgateThroughItsProxy(t *testing.T) {
 				{"the control API over a CONNECT", "POST", strings.Replace(s.control, "http://", "https://", 1) + "/v1/runs/" + victim + "/cancel", "403"},
 				{"the Redis store", "POST", "http://" + redis.Addr() + "/", "403"},
 				{"the Redis store over a CONNECT", "POST", "https://" + redis.Addr() + "/", "403"},
-				{"the browser guard", "GET", "http://" + s.args[6] + "/json/version", "403"},
+				{"the browser guard", "GET", "http://" + s.Bound.Browser + "/json/version", "403"},
 				{"a loopback provider", "POST", up.URL + "/charge", tc.provider},
 			} {
 				code, body := agentCurl(t, s, agent, try.method, try.target)

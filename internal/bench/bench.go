@@ -21,6 +21,14 @@ type Config struct {
 	Stopgate string
 	// Baseline is the built plain-goproxy binary.
 	Baseline string
+	// Before is a second stopgate binary, built from an earlier commit:
+	// given, the main table measures it beside Stopgate on each store, in
+	// the same repeats, and adds the before-and-after table. Empty
+	// measures Stopgate alone.
+	Before string
+	// BeforeLabel names Before in the tables (its commit, say); empty or
+	// "before" names it "stopgate before" alone.
+	BeforeLabel string
 	// Smokescreen and Squid are the peers' binaries (scripts/bench-deps
 	// makes them); a peer whose binary is missing is printed as not
 	// measured, with the reason in PATH.why if there is one.
@@ -85,9 +93,21 @@ func (c *Config) logf(format string, args ...any) {
 	fmt.Fprintf(c.Log, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
+// beforeName is the before binary's name in the tables.
+func (c *Config) beforeName() string {
+	if c.BeforeLabel == "" || c.BeforeLabel == "before" {
+		return "stopgate before"
+	}
+	return "stopgate before (" + c.BeforeLabel + ")"
+}
+
 func (c *Config) check() error {
 	var errs []error
-	for name, path := range map[string]*string{"stopgate": &c.Stopgate, "plain-goproxy": &c.Baseline} {
+	bins := map[string]*string{"stopgate": &c.Stopgate, "plain-goproxy": &c.Baseline}
+	if c.Before != "" {
+		bins["before (-before)"] = &c.Before
+	}
+	for name, path := range bins {
 		if st, err := os.Stat(*path); err != nil || st.IsDir() {
 			errs = append(errs, fmt.Errorf("the %s binary %q: not a file (build it first: make bench does)", name, *path))
 			continue
@@ -173,6 +193,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 
+	if cfg.Before != "" && cfg.skip("matrix") {
+		e.note("The before binary %s was not measured: it is measured in the main table only, and -skip matrix left that out.", cfg.Before)
+	}
 	var tables []*table
 	if !cfg.skip("matrix") || !cfg.skip("cancel") || !cfg.skip("memory") {
 		ts, err := e.mainPhases(ctx)
@@ -205,6 +228,9 @@ func (e *env) printAll(tables []*table, started time.Time, loadBefore string) {
 	fmt.Fprintf(w, "## stopgate-bench — commit %s, %s\n\n", orUnknown(e.cfg.Commit), started.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "Machine %s: %d CPUs (%s), %s/%s, %s. Load average before %s, after %s.\n",
 		host, runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadBefore, loadAverage())
+	if e.cfg.Before != "" {
+		fmt.Fprintf(w, "Before and after: %s is %s, measured beside this commit's stopgate on each store in the main table.\n", e.cfg.beforeName(), e.cfg.Before)
+	}
 	fmt.Fprintf(w, "Each measurement: %s warm-up, then a %s window; %d repeats, median shown with (min–max).\n\n",
 		e.cfg.Warmup, e.cfg.Window, e.cfg.Repeats)
 	for _, t := range tables {
@@ -252,6 +278,21 @@ func (e *env) startStopgate(ctx context.Context, name, store, dataDir string) (*
 	return s, err
 }
 
+// startBefore starts one stopgate serve of the before binary with the
+// flags the after binary was started with. Unlike startStopgate it never
+// falls back to fewer flags: a before binary started otherwise than the
+// after would be measured doing something else, so its own error ends the
+// run.
+func (e *env) startBefore(ctx context.Context, name, store, dataDir string) (*stopgate, error) {
+	o := stopgateOpts{Name: name, Store: store, DataDir: dataDir, Config: e.policy, UpstreamCert: e.up.CertFile, AllowDest: e.allowDest}
+	s, err := startStopgate(ctx, e.cfg.Before, e.dir, o)
+	if err != nil {
+		return nil, fmt.Errorf("the before binary %s (%s) does not serve as the instrument starts stopgate, with the flags the after binary took (docs/bench.md, Before and after): %w",
+			e.cfg.Before, e.cfg.beforeName(), err)
+	}
+	return s, nil
+}
+
 // mainProcs are the processes of the main table, the cancel phase and the
 // memory phase.
 type mainProcs struct {
@@ -261,10 +302,28 @@ type mainProcs struct {
 	embedded         *stopgate
 	sgEverysec       *stopgate
 	sgAlways         *stopgate
+	// before is the before binary's cases (Config.Before), or nil.
+	before *beforeProcs
+}
+
+// beforeProcs are the before binary's cases of the main table: each store
+// on its own data directory and redis-server, as the after binary's are,
+// so that neither reads the other's keys or Redis CPU.
+type beforeProcs struct {
+	everysec, always *redisProc
+	embedded         *stopgate
+	sgEverysec       *stopgate
+	sgAlways         *stopgate
 }
 
 func (p *mainProcs) stop() {
-	for _, s := range []*stopgate{p.embedded, p.sgEverysec, p.sgAlways} {
+	stopgates := []*stopgate{p.embedded, p.sgEverysec, p.sgAlways}
+	redises := []*redisProc{p.everysec, p.always}
+	if b := p.before; b != nil {
+		stopgates = append(stopgates, b.embedded, b.sgEverysec, b.sgAlways)
+		redises = append(redises, b.everysec, b.always)
+	}
+	for _, s := range stopgates {
 		if s != nil {
 			s.stop()
 		}
@@ -277,11 +336,34 @@ func (p *mainProcs) stop() {
 			pt.proc.stop()
 		}
 	}
-	for _, r := range []*redisProc{p.everysec, p.always} {
+	for _, r := range redises {
 		if r != nil {
 			r.stop()
 		}
 	}
+}
+
+// startBeforeProcs starts the before binary's three cases; p.before holds
+// what started, for p.stop, even when one does not.
+func (e *env) startBeforeProcs(ctx context.Context, p *mainProcs) error {
+	b := &beforeProcs{}
+	p.before = b
+	e.cfg.logf("starting the before binary %s as %s: redis-server (AOF everysec, AOF always) and three stopgate serve of its own", e.cfg.Before, e.cfg.beforeName())
+	var err error
+	if b.everysec, err = startRedis("redis-before-everysec", filepath.Join(e.dir, "redis-before-everysec"), redisserver.Options{AppendFsyncEverySec: true}); err != nil {
+		return err
+	}
+	if b.always, err = startRedis("redis-before-always", filepath.Join(e.dir, "redis-before-always"), redisserver.Options{AppendFsyncAlways: true}); err != nil {
+		return err
+	}
+	if b.embedded, err = e.startBefore(ctx, "stopgate-before-embedded", "", filepath.Join(e.dir, "data-before-embedded")); err != nil {
+		return err
+	}
+	if b.sgEverysec, err = e.startBefore(ctx, "stopgate-before-everysec", b.everysec.URL(), filepath.Join(e.dir, "data-before-everysec")); err != nil {
+		return err
+	}
+	b.sgAlways, err = e.startBefore(ctx, "stopgate-before-always", b.always.URL(), filepath.Join(e.dir, "data-before-always"))
+	return err
 }
 
 func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
@@ -309,6 +391,12 @@ func (e *env) mainPhases(ctx context.Context) ([]*table, error) {
 	}
 	if p.sgAlways, err = e.startStopgate(ctx, "stopgate-always", p.always.URL(), filepath.Join(e.dir, "data-always")); err != nil {
 		return nil, err
+	}
+	// After the after binary's: the before binary takes the flags it took.
+	if e.cfg.Before != "" && !e.cfg.skip("matrix") {
+		if err := e.startBeforeProcs(ctx, p); err != nil {
+			return nil, err
+		}
 	}
 	if rtt, err := p.everysec.pingRTT(ctx, 1000); err == nil {
 		e.figures.set("ping", rtt.Seconds())

@@ -1,5 +1,6 @@
 // Package bench is the performance instrument behind make bench: it starts
-// the built stopgate binary, a plain goproxy baseline, the peers
+// the built stopgate binary (and, to compare a change, an earlier build of
+// it beside it in the main table), a plain goproxy baseline, the peers
 // (stripe/smokescreen, Squid: peers.go) and redis-server as separate
 // processes on loopback, drives them with a closed-loop load
 // generator, reads their CPU time from /proc, and prints Markdown tables —

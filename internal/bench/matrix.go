@@ -26,6 +26,11 @@ type target struct {
 	spec func(s *loadSpec)
 	// redis, if set, is watched as the second process.
 	hasRedis bool
+	// store is a stopgate case's store (embedded, everysec, always); empty
+	// for the others.
+	store string
+	// before marks the before binary's cases (Config.Before).
+	before bool
 	// httpOnly targets (the peers) are measured in the plain-HTTP rows
 	// only: they do not intercept HTTPS.
 	httpOnly bool
@@ -65,8 +70,8 @@ func (e *env) targets(p *mainProcs) []target {
 			s.Roots = p.base.roots
 			s.Watch = []int{p.base.PID()}
 		}}
-	sg := func(key, label string, g *stopgate, r *redisProc) target {
-		return target{key: key, label: label, hasRedis: r != nil, proxy: g.proxyURL, spec: func(s *loadSpec) {
+	sg := func(key, store string, before bool, label string, g *stopgate, r *redisProc) target {
+		return target{key: key, label: label, store: store, before: before, hasRedis: r != nil, proxy: g.proxyURL, spec: func(s *loadSpec) {
 			s.Roots = g.roots
 			s.RequireHeader = headerIntent
 			s.Watch = []int{g.PID()}
@@ -89,11 +94,34 @@ func (e *env) targets(p *mainProcs) []target {
 		}
 		out = append(out, t)
 	}
-	return append(out,
-		sg("embedded", "stopgate, embedded store", p.embedded, nil),
-		sg("everysec", "stopgate, Redis everysec", p.sgEverysec, p.everysec),
-		sg("always", "stopgate, Redis always", p.sgAlways, p.always),
-	)
+	type stopgateCase struct {
+		store, name string
+		g           *stopgate
+		r           *redisProc
+	}
+	after := []stopgateCase{
+		{"embedded", "embedded store", p.embedded, nil},
+		{"everysec", "Redis everysec", p.sgEverysec, p.everysec},
+		{"always", "Redis always", p.sgAlways, p.always},
+	}
+	var before []stopgateCase
+	if b := p.before; b != nil {
+		before = []stopgateCase{
+			{"embedded", "embedded store", b.embedded, nil},
+			{"everysec", "Redis everysec", b.sgEverysec, b.everysec},
+			{"always", "Redis always", b.sgAlways, b.always},
+		}
+	}
+	// Each before case just ahead of its after case: the two a
+	// before-and-after ratio divides are measured moments apart.
+	for i, c := range after {
+		if before != nil {
+			b := before[i]
+			out = append(out, sg("before-"+b.store, b.store, true, e.cfg.beforeName()+", "+b.name, b.g, b.r))
+		}
+		out = append(out, sg(c.store, c.store, false, "stopgate, "+c.name, c.g, c.r))
+	}
+	return out
 }
 
 func (e *env) scenarios() []scenario {
@@ -177,7 +205,11 @@ func (e *env) matrixPhase(ctx context.Context, p *mainProcs) ([]*table, error) {
 		}
 	}
 	rows := e.summarizeMatrix(targets, scenarios, results)
-	return []*table{e.matrixTable(targets, scenarios, rows), peersTable(targets, scenarios, rows)}, nil
+	tables := []*table{e.matrixTable(targets, scenarios, rows), peersTable(targets, scenarios, rows)}
+	if p.before != nil {
+		tables = append(tables, e.beforeAfterTable(targets, scenarios, results, rows))
+	}
+	return tables, nil
 }
 
 // cell is one target in one scenario, summarized.
@@ -296,6 +328,10 @@ func (e *env) matrixTable(targets []target, scenarios []scenario, cells [][]cell
 			"Every stopgate answer was checked for "+headerIntent+" (guarded, not bypassed).",
 		"The peers (smokescreen, Squid) are in the plain-HTTP rows only: neither intercepts HTTPS (smokescreen, as run here, tunnels CONNECT unopened; Debian's Squid has no ssl-bump), "+
 			"so the HTTPS rows have no × smokescreen.")
+	if e.cfg.Before != "" {
+		t.notes = append(t.notes, e.cfg.beforeName()+" is the before binary ("+e.cfg.Before+"), started as the others with the same flags, each store on a data directory and redis-server of its own; "+
+			"its ratios divide by plain goproxy as every row's do.")
+	}
 	if e.cfg.RunPerConn {
 		t.notes = append(t.notes, "Every row puts all the connections of a measurement on one run, except \"a run per connection\": "+
 			"there connection i is its own run (…-c<i>, admitted by its first request, in the warm-up), as a fleet with one agent per run sends, "+
@@ -350,6 +386,55 @@ func peersTable(targets []target, scenarios []scenario, cells [][]cell) *table {
 	}
 	t.notes = append(t.notes, "Medians of the rows above. smokescreen (--allow-range 127.0.0.0/8, no egress ACL file) resolves each request's host, checks the address against its ranges and its ACL, and logs a canonical line; "+
 		"Squid forwards with nothing cached and no access log; plain goproxy forwards and nothing else; stopgate records and guards every request.")
+	return t
+}
+
+// beforeAfterTable sets each stopgate case beside the before binary's on
+// the same store and traffic: the ratio of their rates, repeat by repeat
+// (the two were measured moments apart), and what each costs.
+func (e *env) beforeAfterTable(targets []target, scenarios []scenario, results [][][]loadResult, cells [][]cell) *table {
+	t := &table{
+		title: "Before and after",
+		left:  3,
+		header: []string{"traffic", "conns", "store", "after ÷ before req/s (min–max)", "× plain goproxy, before → after",
+			"p50, before → after", "proxy CPU µs/req, before → after", "Redis CPU µs/req, before → after"},
+	}
+	storeName := map[string]string{"embedded": "embedded", "everysec": "Redis everysec", "always": "Redis always"}
+	pair := func(before, after string) string { return before + " → " + after }
+	ratio := func(s spread) string {
+		if s.N == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", s.Median)
+	}
+	for si, sc := range scenarios {
+		for ai, at := range targets {
+			if at.store == "" || at.before {
+				continue
+			}
+			bi := slices.IndexFunc(targets, func(t target) bool { return t.before && t.store == at.store })
+			if bi < 0 {
+				continue
+			}
+			b, a := cells[si][bi], cells[si][ai]
+			if !a.measured || !b.measured {
+				t.add(sc.label, fmt.Sprint(sc.conns), storeName[at.store], "not measured", "—", "—", "—", "—")
+				continue
+			}
+			row := []string{sc.label, fmt.Sprint(sc.conns), storeName[at.store],
+				ratioCell(summarize(results[si][ai], results[si][bi]).ratio),
+				pair(ratio(b.ratio), ratio(a.ratio)), pair(dur(b.p50), dur(a.p50)),
+				pair(micros(b.proxyCPU), micros(a.proxyCPU)), "—"}
+			if at.hasRedis {
+				row[7] = pair(micros(b.redisCPU), micros(a.redisCPU))
+			}
+			t.add(row...)
+		}
+	}
+	t.notes = append(t.notes, fmt.Sprintf("After is the stopgate under test (%s, commit %s), before is %s (%s): the same flags, each store on a data directory and redis-server of its own, "+
+		"each before case measured just ahead of its after case in every repeat. after ÷ before is the median of per-repeat ratios of req/s (above 1.00: the after is faster); "+
+		"a spread that holds 1.00 is a difference this run cannot tell from noise. The other columns are medians of the main table's rows.",
+		e.cfg.Stopgate, orUnknown(e.cfg.Commit), e.cfg.beforeName(), e.cfg.Before))
 	return t
 }
 

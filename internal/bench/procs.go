@@ -221,14 +221,26 @@ func startStopgate(ctx context.Context, bin, logDir string, o stopgateOpts) (*st
 		c.stop()
 		log := c.tail()
 		if o.AllowDest && strings.Contains(log, "allow-dest") {
-			return nil, errNoAllowDest
+			return nil, fmt.Errorf("%s: %w; it said:\n%s", o.Name, errNoAllowDest, log)
 		}
-		lastErr = fmt.Errorf("%s: %w\n%s", o.Name, err, log)
+		lastErr = fmt.Errorf("%s: %w (started as %s %s)\n%s", o.Name, err, bin, strings.Join(shownArgs(args), " "), log)
 		if !strings.Contains(log, "address already in use") {
 			break
 		}
 	}
 	return nil, lastErr
+}
+
+// shownArgs are serve's arguments as an error shows them: the control
+// token is the run's secret, not something to print.
+func shownArgs(args []string) []string {
+	out := slices.Clone(args)
+	for i := range out {
+		if i > 0 && out[i-1] == "--control-token" {
+			out[i] = "…"
+		}
+	}
+	return out
 }
 
 // waitReady waits for /readyz, then reads the CA the proxy intercepts with.

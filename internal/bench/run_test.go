@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,11 +14,9 @@ import (
 	"github.com/stopgate/stopgate/internal/bench"
 )
 
-// The whole instrument, at toy sizes, against the real binaries: every
-// phase runs, every row is printed, and no measured request failed or went
-// around the guard.
-func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
-	dir := t.TempDir()
+// buildBinaries builds stopgate and plain-goproxy into dir.
+func buildBinaries(t *testing.T, dir string) {
+	t.Helper()
 	bins := map[string]string{
 		"stopgate":      "github.com/stopgate/stopgate/cmd/proxy",
 		"plain-goproxy": "github.com/stopgate/stopgate/internal/bench/cmd/plain-goproxy",
@@ -28,6 +27,14 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 		}
 	}
+}
+
+// The whole instrument, at toy sizes, against the real binaries: every
+// phase runs, every row is printed, and no measured request failed or went
+// around the guard.
+func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
+	dir := t.TempDir()
+	buildBinaries(t, dir)
 	// The peers as on a machine that could not have them: one whose deps
 	// step said why, one not given at all.
 	const offline = "go install github.com/stripe/smokescreen@v0.1.0 failed: offline"
@@ -118,16 +125,7 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 		peers[name] = path
 	}
 	dir := t.TempDir()
-	bins := map[string]string{
-		"stopgate":      "github.com/stopgate/stopgate/cmd/proxy",
-		"plain-goproxy": "github.com/stopgate/stopgate/internal/bench/cmd/plain-goproxy",
-	}
-	for name, pkg := range bins {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
-		if err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
+	buildBinaries(t, dir)
 	var out, log bytes.Buffer
 	cfg := bench.Config{
 		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
@@ -185,5 +183,188 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+	}
+}
+
+// mainTableRows are the measured rows of the main table (the ones with
+// others' CPU), split into trimmed cells.
+func mainTableRows(text string) [][]string {
+	var rows [][]string
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.Contains(line, " cores |") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
+
+// tableRows are the body rows of the table titled title, split into
+// trimmed cells.
+func tableRows(text, title string) [][]string {
+	_, rest, ok := strings.Cut(text, "### "+title+"\n\n")
+	if !ok {
+		return nil
+	}
+	var rows [][]string
+	for i, line := range strings.Split(rest, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		if i < 2 {
+			continue // the header and its separator
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
+
+// The before binary in the same run as the after (here the same binary
+// twice: this proves the wiring, not a speed): each store's before case
+// is measured in every scenario just ahead of its after case, on its own
+// data directory and redis-server, is in the short table beside the peers,
+// and every case has its row in the before-and-after table.
+func TestBeforeBinaryIsMeasuredBesideTheAfterInOneRun(t *testing.T) {
+	dir := t.TempDir()
+	buildBinaries(t, dir)
+	var out, log bytes.Buffer
+	work := filepath.Join(dir, "work")
+	cfg := bench.Config{
+		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: work,
+		Before: filepath.Join(dir, "stopgate"), BeforeLabel: "rev1",
+		Repeats: 2, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, RunPerConn: true,
+		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := bench.Run(ctx, cfg); err != nil {
+		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
+	}
+	text := out.String()
+	stores := []string{"embedded store", "Redis everysec", "Redis always"}
+
+	// Five scenarios (GET ×1, ×4, a run per connection ×4, HTTPS ×1, ×4)
+	// through direct, plain goproxy and the six stopgate cases.
+	rows := mainTableRows(text)
+	if want := 5 * 8; len(rows) != want {
+		t.Errorf("%d measured rows, want %d", len(rows), want)
+	}
+	befores := 0
+	for i, r := range rows {
+		if got := r[len(r)-1]; got != "0" {
+			t.Errorf("row with %s errors: %q", got, r)
+		}
+		store, ok := strings.CutPrefix(r[1], "stopgate before (rev1), ")
+		if !ok {
+			continue
+		}
+		befores++
+		if r[4] == "—" {
+			t.Errorf("a before row without its × plain goproxy: %q", r)
+		}
+		if i+1 >= len(rows) || rows[i+1][1] != "stopgate, "+store || rows[i+1][0] != r[0] || rows[i+1][2] != r[2] {
+			t.Errorf("before row %q is not followed by its after row", r)
+		}
+		if redis := r[11]; (store == "embedded store") != (redis == "—") {
+			t.Errorf("before row %q: Redis CPU %q", r, redis)
+		}
+	}
+	if want := 5 * 3; befores != want {
+		t.Errorf("%d before rows, want %d", befores, want)
+	}
+	flat := strings.Join(strings.Fields(text), " ")
+	for _, store := range stores {
+		for _, want := range []string{"| 1 | stopgate before (rev1), " + store + " |", "| 4, a run each | stopgate before (rev1), " + store + " |"} {
+			if !strings.Contains(flat, want) {
+				t.Errorf("the table beside the peers lacks %q", want)
+			}
+		}
+	}
+
+	// traffic, conns, store, after ÷ before, × plain goproxy, p50, proxy
+	// CPU, Redis CPU.
+	ba := tableRows(text, "Before and after")
+	if want := 5 * 3; len(ba) != want {
+		t.Errorf("%d before-and-after rows, want %d", len(ba), want)
+	}
+	for _, r := range ba {
+		if len(r) != 8 {
+			t.Errorf("before-and-after row of %d cells: %q", len(r), r)
+			continue
+		}
+		// Two repeats: a median with its (min–max).
+		median, spread, ok := strings.Cut(r[3], " ")
+		if x, err := strconv.ParseFloat(median, 64); err != nil || x <= 0 || !ok || !strings.HasPrefix(spread, "(") {
+			t.Errorf("after ÷ before %q in %q", r[3], r)
+		}
+		for _, c := range r[4:7] {
+			if !strings.Contains(c, " → ") {
+				t.Errorf("cell %q in %q is not before → after", c, r)
+			}
+		}
+		if (r[2] == "embedded") != (r[7] == "—") {
+			t.Errorf("Redis CPU %q for store %q", r[7], r[2])
+		}
+	}
+	// Their own processes: a log of each, and a redis-server of each Redis case.
+	for _, name := range []string{"stopgate-before-embedded.log", "stopgate-before-everysec.log", "stopgate-before-always.log", "redis-before-everysec", "redis-before-always"} {
+		if _, err := os.Stat(filepath.Join(work, name)); err != nil {
+			t.Errorf("the before cases' %s: %v", name, err)
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+	}
+}
+
+// A before binary from before a flag the instrument passes existed is not
+// started without it (it would then be measured doing something else than
+// the after binary): the run ends with the binary's own error. The older
+// binary here is the built one behind a script that refuses --allow-dest
+// as a stopgate without the flag does.
+func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
+	dir := t.TempDir()
+	buildBinaries(t, dir)
+	older := filepath.Join(dir, "stopgate-older")
+	script := "#!/bin/sh\n" +
+		"for a in \"$@\"; do\n" +
+		"  if [ \"$a\" = --allow-dest ]; then\n" +
+		"    echo 'stopgate serve: flag provided but not defined: -allow-dest' >&2\n" +
+		"    echo \"Run 'stopgate help serve' for usage.\" >&2\n" +
+		"    exit 2\n" +
+		"  fi\n" +
+		"done\n" +
+		"exec " + filepath.Join(dir, "stopgate") + " \"$@\"\n"
+	if err := os.WriteFile(older, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out, log bytes.Buffer
+	cfg := bench.Config{
+		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
+		Before: older, BeforeLabel: "old1",
+		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1},
+		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := bench.Run(ctx, cfg)
+	if err == nil {
+		t.Fatalf("the run went on with a before binary that refused --allow-dest:\n%s", out.String())
+	}
+	for _, want := range []string{"the before binary " + older + " (stopgate before (old1))", "flag provided but not defined: -allow-dest"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(out.String(), "no --allow-dest flag: it was started without one") {
+		t.Errorf("the after binary was started without --allow-dest:\n%s", out.String())
 	}
 }

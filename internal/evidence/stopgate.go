@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -56,18 +55,16 @@ type Stopgate struct {
 	DataDir                 string
 }
 
-// Start starts an instance on free loopback ports and waits until its
-// control API answers; it is killed when the test ends.
+// Start starts an instance on ports of its own choosing (its ready file
+// says which) and waits until its control API answers; it is killed when
+// the test ends.
 func Start(t testing.TB, bin string, cfg Config) *Stopgate {
 	t.Helper()
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
 	}
-	s := &Stopgate{
-		t: t, bin: bin, token: randomHex(16), DataDir: cfg.DataDir,
-		Proxy: freeAddr(t), Control: freeAddr(t), Browser: freeAddr(t),
-	}
-	args := []string{"serve", "--proxy-addr", s.Proxy, "--control-addr", s.Control, "--browser-addr", s.Browser, "--data-dir", cfg.DataDir}
+	s := &Stopgate{t: t, bin: bin, token: randomHex(16), DataDir: cfg.DataDir}
+	args := []string{"--data-dir", cfg.DataDir}
 	if cfg.Store != "" {
 		args = append(args, "--store", cfg.Store)
 	}
@@ -76,7 +73,8 @@ func Start(t testing.TB, bin string, cfg Config) *Stopgate {
 	// and the coming serve read it; loopback upstreams are allowed the same
 	// way (STOPGATE_ALLOW_DEST), which a serve without that flag ignores.
 	s.env = append(cleanEnv(), "STOPGATE_CONTROL_TOKEN="+s.token, "STOPGATE_ALLOW_DEST=127.0.0.1")
-	s.Process = testkit.StartProcess(t, bin, args, s.env, "", "http://"+s.Control+"/healthz")
+	s.Process = testkit.StartServe(t, bin, args, s.env, "")
+	s.Proxy, s.Control, s.Browser = s.Bound.Proxy, s.Bound.Control, s.Bound.Browser
 	return s
 }
 
@@ -147,16 +145,6 @@ func (s *Stopgate) Post(ctx context.Context, up *Upstream, kind, run, key string
 	a.Ended = time.Now()
 	a.SetAnswer(resp, bytes.TrimSpace(body))
 	return a
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // cleanEnv is the environment without STOPGATE_* variables, so a

@@ -9,6 +9,7 @@ package redisserver
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -21,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Options choose how the server persists.
@@ -120,15 +123,28 @@ func Start(t testing.TB, opts Options) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found on PATH: install it with `apt-get install -y redis-server` (make test does this)")
 	}
-	port, err := FreePort()
+	s := &Server{t: t, dir: t.TempDir(), opts: opts}
+	// redis-server cannot be asked for a port of the kernel's choosing,
+	// so a free one is picked, and picked again when another process took
+	// it first (the server then exits at start, or another answers there).
+	var err error
+	for range launchAttempts {
+		if s.port, err = FreePort(); err != nil {
+			t.Fatal(err)
+		}
+		if s.proc, err = Launch(s.dir, s.port, s.opts); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, dir: t.TempDir(), port: port, opts: opts}
-	s.start()
 	t.Cleanup(s.Kill)
 	return s
 }
+
+// launchAttempts bounds how often Start picks another port.
+const launchAttempts = 5
 
 // Addr is host:port of the server.
 func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
@@ -227,6 +243,10 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
 		if pingOK(p.addr, p.password, p.tls) {
+			if !ownsPort(p) {
+				p.Kill()
+				return nil, fmt.Errorf("another redis-server answers on %s", p.addr)
+			}
 			return p, nil
 		}
 		select {
@@ -237,6 +257,24 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 	}
 	p.Kill()
 	return nil, fmt.Errorf("redis-server on %s did not answer PING within %s; log in %s", p.addr, wait, dir)
+}
+
+// ownsPort reports whether the server answering on p's port is p: the
+// port was free when picked, and another process may have taken it since.
+func ownsPort(p *Process) bool {
+	opt := &redis.Options{Addr: p.addr, Password: p.password, MaxRetries: -1}
+	if p.tls != nil {
+		opt.TLSConfig = p.tls.clientConfig()
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return false
+	}
+	return strings.Contains(info, fmt.Sprintf("process_id:%d\r\n", p.PID()))
 }
 
 // Addr is host:port of the server.

@@ -147,6 +147,9 @@ func (v *txView) apply(m *machine.Mutation) error {
 			return err
 		}
 	}
+	if err := t.tally(m.Tally); err != nil {
+		return err
+	}
 	if r.row.Final() {
 		// Whatever is recorded against a final run (a refusal, a note, a
 		// pruned run's new record) leaves with it at retention.
@@ -155,4 +158,25 @@ func (v *txView) apply(m *machine.Mutation) error {
 		}
 	}
 	return r.save()
+}
+
+// tally adds a step's changes to the totals, in its transaction.
+func (t *txn) tally(deltas []machine.TallyDelta) error {
+	if len(deltas) == 0 {
+		return nil
+	}
+	b := t.tx.Bucket([]byte(bucketTotals))
+	for _, d := range deltas {
+		var n int64
+		if raw := b.Get([]byte(d.Name)); raw != nil {
+			if len(raw) != 8 {
+				return storeErr("total %s is %d bytes", d.Name, len(raw))
+			}
+			n = int64(binary.BigEndian.Uint64(raw))
+		}
+		if err := t.put(b, []byte(d.Name), u64(uint64(n+d.N))); err != nil {
+			return err
+		}
+	}
+	return nil
 }

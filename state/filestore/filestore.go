@@ -14,6 +14,7 @@
 //	runs              run id → row (with its intent counts)
 //	status            "<STATUS>/<run id>" → "" (List, DrainingRuns, ActiveRuns without a full scan)
 //	final             ms (big endian) + run id → "" (retention, oldest first)
+//	totals            total's name (machine.TallyRuns, …) → count (big endian, two's complement)
 //	run/<run id>/
 //	    intents       key → intent record (creation ordinal: the bucket's sequence)
 //	    order         sequence (big endian) → key, creation order of format 1 files only
@@ -41,6 +42,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/machine"
 )
 
 // DefaultTimeout is how long Open waits for another process to release the
@@ -283,7 +285,12 @@ func initialize(db *bolt.DB, path string) error {
 			}
 		}
 		if tx.Bucket([]byte(bucketFinal)) == nil {
-			return indexFinalRuns(tx)
+			if err := indexFinalRuns(tx); err != nil {
+				return err
+			}
+		}
+		if tx.Bucket([]byte(bucketTotals)) == nil {
+			return tallyRuns(tx)
 		}
 		return nil
 	})
@@ -313,6 +320,36 @@ func indexFinalRuns(tx *bolt.Tx) error {
 			if err := idx.Put(retentionKey(rec.Retention, id), nil); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// tallyRuns creates the totals of a file written before they were kept:
+// every row counts once, as it stands (the reconciliations made before
+// are not known, and count from zero).
+func tallyRuns(tx *bolt.Tx) error {
+	b, err := tx.CreateBucket([]byte(bucketTotals))
+	if err != nil {
+		return err
+	}
+	totals := map[string]int64{}
+	err = tx.Bucket([]byte(bucketRuns)).ForEach(func(k, raw []byte) error {
+		rec, err := decodeRow(string(k), raw)
+		if err != nil {
+			return fmt.Errorf("tallying run %s: %w", k, err)
+		}
+		for _, d := range machine.TallyOf(rec.Run) {
+			totals[d.Name] += d.N
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for name, n := range totals {
+		if err := b.Put([]byte(name), u64(uint64(n))); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -102,6 +102,24 @@ func (s *Store) Get(ctx context.Context, runID string) (state.Run, error) {
 	return out, err
 }
 
+// Totals reads the totals each step keeps in its transaction.
+func (s *Store) Totals(ctx context.Context) (state.Totals, error) {
+	counters := map[string]int64{}
+	err := s.view(ctx, "totals", func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(bucketTotals)).ForEach(func(k, v []byte) error {
+			if len(v) != 8 {
+				return storeErr("total %s is %d bytes", k, len(v))
+			}
+			counters[string(k)] = int64(binary.BigEndian.Uint64(v))
+			return nil
+		})
+	})
+	if err != nil {
+		return state.Totals{}, err
+	}
+	return machine.Totals(counters), nil
+}
+
 // List returns rows ordered by run id; status "" lists all.
 func (s *Store) List(ctx context.Context, status state.Status) ([]state.Run, error) {
 	if status != "" && !slices.Contains(state.Statuses, status) {

@@ -24,6 +24,7 @@ const (
 	bucketSeq     = "seq"
 	bucketEvents  = "events"
 	bucketFinal   = "final"
+	bucketTotals  = "totals"
 	keyFormat     = "format"
 	keyPing       = "ping"
 )

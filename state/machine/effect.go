@@ -198,6 +198,7 @@ func Finish(v View, req state.FinishRequest, now time.Time) (state.Intent, *Muta
 	out.State, out.StatusCode, out.Reason, out.Source = req.Outcome, req.StatusCode, req.Reason, req.Source
 	if late {
 		out.Reason = state.ReasonLateResponse
+		s.resolved = state.ResolutionResponse
 	}
 	out.LeaseOwner, out.LeaseExpires, out.UpdatedAt = "", time.Time{}, s.now
 	s.put(out, from, true)
@@ -254,6 +255,7 @@ func Resolve(v View, req state.ResolveRequest, now time.Time) (state.Intent, *Mu
 		out.State = state.IntentApplied
 	}
 	out.Source, out.Note, out.UpdatedAt = req.Source, req.Note, s.now
+	s.resolved = state.ResolutionSource(req)
 	s.put(out, state.IntentUnknown, true)
 	s.event(state.Event{Actor: req.Actor, Kind: state.EventIntentResolved, Intent: out.Key,
 		From: string(state.IntentUnknown), To: string(out.State), Reason: Why(req.Source, req.Note)})

@@ -89,6 +89,55 @@ type Mutation struct {
 	Publish bool
 	// Expect is what the step read that its decision depends on.
 	Expect []Expect
+	// Tally is what the step changes of the store's totals across runs
+	// (state.Totals), which a store adds in the same write.
+	Tally []TallyDelta
+}
+
+// TallyDelta is a change of one of a store's totals, named by TallyRuns,
+// TallyUnknown or TallyResolved.
+type TallyDelta struct {
+	Name string
+	N    int64
+}
+
+// The names of the totals. A store keeps each as a counter under its name
+// and reads them back with Totals.
+const (
+	tallyRunsPrefix     = "runs:"
+	TallyUnknown        = "intents:UNKNOWN"
+	tallyResolvedPrefix = "resolved:"
+)
+
+// TallyRuns names the count of runs in status st.
+func TallyRuns(st state.Status) string { return tallyRunsPrefix + string(st) }
+
+// TallyResolved names the count of reconciliations from source (a
+// state.ResolutionSources one).
+func TallyResolved(source string) string { return tallyResolvedPrefix + source }
+
+// TallyOf is what a row adds to the totals: its status and its UNKNOWN
+// intents (a store that holds rows it never tallied counts each once).
+func TallyOf(row state.Run) []TallyDelta {
+	out := []TallyDelta{{TallyRuns(row.Status), 1}}
+	if n := row.Intents[state.IntentUnknown]; n != 0 {
+		out = append(out, TallyDelta{TallyUnknown, int64(n)})
+	}
+	return out
+}
+
+// Totals reads the totals from counters kept under their names; a name
+// it does not know is left out.
+func Totals(counters map[string]int64) state.Totals {
+	t := state.Totals{Runs: make(map[state.Status]int64, len(state.Statuses)), Resolutions: make(map[string]int64, len(state.ResolutionSources))}
+	for _, st := range state.Statuses {
+		t.Runs[st] = counters[TallyRuns(st)]
+	}
+	for _, src := range state.ResolutionSources {
+		t.Resolutions[src] = counters[TallyResolved(src)]
+	}
+	t.UnknownIntents = counters[TallyUnknown]
+	return t
 }
 
 // Empty reports whether the mutation writes nothing.
@@ -218,6 +267,9 @@ type step struct {
 	// intents are the records the step read or wrote, as they now stand
 	// (rec nil: none under key).
 	intents []touched
+
+	// resolved is the source of the reconciliation the step records.
+	resolved string
 
 	// Room for the mutation's lists, so that a step of the common
 	// kinds costs one allocation.
@@ -356,14 +408,35 @@ func (s *step) move(to state.Status, reason, actor string) {
 	s.event(state.Event{Actor: actor, Kind: state.EventRunTransition, From: string(from), To: string(to), Reason: reason})
 }
 
-// done is the step's mutation, with the row as it stands.
+// done is the step's mutation, with the row as it stands and what it
+// changes of the totals.
 func (s *step) done() *Mutation {
 	s.m.Row = s.row
 	s.m.Row.Intents = nil
 	if s.m.Empty() {
 		return nil
 	}
+	s.tally()
 	return &s.m
+}
+
+// tally is what the step changes of the totals: the run's status, its
+// UNKNOWN intents, a reconciliation.
+func (s *step) tally() {
+	var add []TallyDelta
+	if to := s.m.Row.Status; s.m.Create || s.m.RowChanged && to != s.readStatus {
+		if !s.m.Create {
+			add = append(add, TallyDelta{TallyRuns(s.readStatus), -1})
+		}
+		add = append(add, TallyDelta{TallyRuns(to), 1})
+	}
+	if d := s.m.Counts.Of(state.IntentUnknown); d != 0 {
+		add = append(add, TallyDelta{TallyUnknown, int64(d)})
+	}
+	if s.resolved != "" {
+		add = append(add, TallyDelta{TallyResolved(s.resolved), 1})
+	}
+	s.m.Tally = add
 }
 
 // conflict reports a transition the row's state refuses.

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,6 +92,27 @@ func TestCluster(t *testing.T) {
 			if err := <-errs; err != nil {
 				t.Fatalf("a guard of one of %d runs at once on a cluster: %v", runs, err)
 			}
+		}
+	})
+
+	t.Run("TotalsAreKeptInEachRunsSlot", func(t *testing.T) {
+		// Each call keeps its totals in a hash of its run's slot (the
+		// node refuses any other); reading them sums every slot's.
+		if err := admin.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, url, redisstore.Options{})
+		statetest.SomeRuns(t, s)
+		got, err := s.Totals(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := statetest.TotalsOfRows(t, s, nil); !reflect.DeepEqual(got, want) || got.UnknownIntents != 2 {
+			t.Fatalf("totals on a cluster %+v, want (from the rows) %+v", got, want)
+		}
+		hashes := must(admin.Keys(ctx, "sg:{~*}:totals").Result())(t)
+		if len(hashes) < 2 {
+			t.Fatalf("the totals of five runs are in %d slots' hashes (%v); want one in each run's slot", len(hashes), hashes)
 		}
 	})
 

@@ -24,6 +24,8 @@ type seen struct {
 	t int64
 	// derived are derived key bases seen taken, with their counters.
 	derived map[string]int64
+	// counted: the row is counted in the totals.
+	counted bool
 }
 
 // maxSeenRuns and maxSeenBases bound the memory of what is remembered:
@@ -55,7 +57,7 @@ func (s seenRuns) learn(v *runView) {
 		return
 	}
 	old, _ := s.c.Peek(v.id)
-	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t)}
+	n := seen{status: v.row.Status, version: v.row.CancelVersion, t: max(v.t, old.t), counted: v.counted}
 	if v.row.Status == state.StatusActive {
 		n.derived = old.derived
 		for b, c := range v.derived {
@@ -86,7 +88,7 @@ func (s seenRuns) viewOf(id string, steps []*step) *runView {
 	if !ok || sn.status != state.StatusActive {
 		return nil
 	}
-	v := &runView{id: id, found: true, t: sn.t, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version}}
+	v := &runView{id: id, found: true, t: sn.t, counted: sn.counted, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version}}
 	if len(sn.derived) > 0 {
 		v.derived, v.taken = make(map[string]int64, len(sn.derived)), make(map[string]bool, len(sn.derived))
 		for b, n := range sn.derived {
@@ -279,6 +281,19 @@ func (s *Store) decideGroup(g *group) []*step {
 		g.moves = true
 	}
 	for i, st := range g.steps {
+		if st.count {
+			if !v.read {
+				return g.steps[i:]
+			}
+			st.ops = nil
+			if v.found && !v.counted {
+				st.ops = countOps(nil, v)
+				v.counted = true
+			}
+			g.sent = append(g.sent, st)
+			g.rendered = append(g.rendered, nil)
+			continue
+		}
 		if st.touch != nil {
 			st.ops = append(append([]any(nil), st.touch...), "h", "t", strconv.FormatInt(g.now, 10))
 			g.sent = append(g.sent, st)
@@ -300,6 +315,9 @@ func (s *Store) decideGroup(g *group) []*step {
 		st.mut, st.ops, st.err = m, ops, err
 		if m != nil && err == nil {
 			v.absorb(m, rendered)
+			if m.Create || len(m.Tally) > 0 {
+				v.counted = true
+			}
 		}
 		g.sent = append(g.sent, st)
 		g.rendered = append(g.rendered, rendered)
@@ -318,6 +336,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 		return nil
 	}
 	row, found := res.row, res.found
+	wasCounted := res.counted
 	answers := res.answers
 	for i, st := range g.sent {
 		switch res.results[i] {
@@ -356,6 +375,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 	}
 	v := g.view
 	v.row, v.found = row, found
+	v.counted = v.counted || wasCounted
 	v.t = max(v.t, g.now)
 	s.seen.learn(v)
 	return nil
@@ -366,7 +386,7 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 func decided(steps []*step) []*step {
 	var out []*step
 	for _, st := range steps {
-		if st.decide != nil || st.touch != nil {
+		if st.decide != nil || st.touch != nil || st.count {
 			out = append(out, st)
 		}
 	}
@@ -466,6 +486,8 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	for _, g := range groups {
 		keys = append(keys, keysOf(g.run).list()...)
 	}
+	// The totals' hash, last: a call's runs share one (totals.go).
+	keys = append(keys, s.totalsKeyOf(groups[0].run))
 	head := headRoom(keys)
 	args := make([]any, head+1, head+size)
 	args[head] = len(groups)
@@ -506,8 +528,8 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 }
 
 // opArity is the number of arguments of each operation (lua/apply.lua).
-var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "+": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
-	"x": 1, "p": 2, "D": 0, "R": 1}
+var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "H": 2, "+": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
+	"x": 1, "p": 2, "D": 0, "R": 1, "c": 2}
 
 func opCount(ops []any) int {
 	n := 0
@@ -527,7 +549,7 @@ func (g *group) reads() ([]string, []string) {
 	for _, st := range g.sent {
 		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
 			switch st.ops[i].(string) {
-			case "=", "#", ">", "^", "h", "+", "o", "R":
+			case "=", "#", ">", "^", "h", "H", "+", "o", "R":
 				if f := st.ops[i+1].(string); !isRowField[f] {
 					fields = append(fields, f)
 				}
@@ -557,6 +579,7 @@ type groupResult struct {
 	// row is the row as read before the steps (found false: no row).
 	row     state.Run
 	found   bool
+	counted bool
 	answers []string
 }
 
@@ -578,6 +601,7 @@ func parseGroup(x any, g *group) (groupResult, error) {
 	copy(vals, read)
 	out := groupResult{results: res}
 	out.row, out.found = rowOfValues(g.run, vals)
+	out.counted = counted(vals)
 	answers, _ := a[2].([]any)
 	for _, v := range answers {
 		s, _ := v.(string)
@@ -683,6 +707,7 @@ func viewOfRead(id string, fields, bases []string, n needs, x any) (*runView, er
 	rowVals := vals[:len(rowFields)]
 	if m := rowOf(rowVals); m != nil {
 		v.found = true
+		v.counted = m[countedField] == "1"
 		v.row = runOf(id, m)
 		v.t, _ = strconv.ParseInt(m["t"], 10, 64)
 		v.ord, _ = strconv.ParseInt(m["o"], 10, 64)

@@ -87,6 +87,11 @@ type Store struct {
 
 	// mark is what this instance saw of the store's marker (marker.go).
 	mark markerWatch
+	// tally is the walk that counts runs stored before totals were kept
+	// (totals.go); life ends at Close, and with it the walk.
+	tally   tallyWalk
+	life    context.Context
+	endLife context.CancelFunc
 }
 
 var _ state.Store = (*Store)(nil)
@@ -128,6 +133,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.clock == nil {
 		s.clock = time.Now
 	}
+	s.life, s.endLife = context.WithCancel(context.Background())
 	s.rdb, s.tgt = newClient(t, opts.OpTimeout), t
 	s.scripter = onceScripter{rdb: s.rdb}
 	// A cluster keeps each run on its own slot: a call carries one run.
@@ -148,6 +154,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
 	if err := s.openMarker(mctx, opts); err != nil {
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	if err := s.openTotals(mctx); err != nil {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
@@ -311,7 +321,17 @@ func ms(d time.Duration) int64 {
 // programs: rowPrelude); the rest of the hash holds its intents.
 var rowFields = []string{"status", "v", "reason", "status_reason", "created", "updated", "cancelled", "drain", "t",
 	"o", "pruned", "n:IN_FLIGHT", "n:SCHEDULED", "n:RESPONDED", "n:NOT_SENT", "n:UNKNOWN",
-	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED"}
+	"n:CANCELLED_BEFORE_DISPATCH", "n:REVOKED", "n:APPLIED", "n:NOT_APPLIED", countedField}
+
+// countedField is set ("1") on a row counted in the totals (totals.go).
+const countedField = "g"
+
+// counted reports whether the values of an HMGET of rowFields are of a
+// row counted in the totals.
+func counted(vals []any) bool {
+	v, _ := vals[len(rowFields)-1].(string)
+	return v == "1"
+}
 
 // rowOfValues is the row the values of an HMGET of rowFields make, without
 // a map between; false for a run never seen. It reads as runOf does.
@@ -549,6 +569,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // OpTimeout), ends the cancel subscriptions and closes the client. Later
 // calls return nil.
 func (s *Store) Close() error {
+	s.endLife()
 	s.stopMarker()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	s.batches.settle(ctx, s)

@@ -40,6 +40,9 @@ type step struct {
 	// touch, instead of a rule: checks that write nothing but the run's
 	// last step time (for a WAIT to count a write of its connection).
 	touch []any
+	// count, instead of a rule: counts a row not yet counted in the
+	// totals (totals.go).
+	count bool
 	// assume, for a guard or an outcome, decides without reading a run
 	// this process saw ACTIVE (see runView).
 	assume assumption
@@ -143,6 +146,8 @@ type runView struct {
 	missed needs
 	// t is the run's last step as known: no step may be dated earlier.
 	t int64
+	// counted: the row is counted in the totals (countedField).
+	counted bool
 }
 
 func (v *runView) Row() (state.Run, bool, error) {
@@ -336,6 +341,22 @@ func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int
 	if m.Create {
 		op("h", "o", "0")
 	}
+	if len(m.Tally) > 0 || m.Create {
+		if !m.Create && !v.counted {
+			if !v.read {
+				// The row must be counted as it stands first, which
+				// takes a read of it.
+				return buf, 0, nil, errNeedsRead
+			}
+			ops = countOps(ops, v)
+		}
+		if m.Create {
+			op("H", countedField, "1")
+		}
+		for _, d := range m.Tally {
+			op("c", d.Name, d.N)
+		}
+	}
 	if m.Create || m.RowChanged {
 		h := m.Row
 		op("h", "status", string(h.Status), "h", "v", strconv.FormatInt(h.CancelVersion, 10))
@@ -418,6 +439,19 @@ func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int
 		op("p", cancelChannel, m.RunID)
 	}
 	return ops, returns, rendered, nil
+}
+
+// countOps counts a row the view read, not counted in the totals, as it
+// stands, checking that it is still not counted.
+func countOps(ops []any, v *runView) []any {
+	if !v.found {
+		return ops
+	}
+	ops = append(ops, "=", countedField, "")
+	for _, d := range machine.TallyOf(v.row) {
+		ops = append(ops, "c", d.Name, d.N)
+	}
+	return append(ops, "H", countedField, "1")
 }
 
 // upgradeOps moves a run of the old layout (its intents JSON in a hash of

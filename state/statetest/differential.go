@@ -139,6 +139,12 @@ func (h *history) step() {
 	case op == 15:
 		k := h.someKey(run)
 		req := state.ResolveRequest{RunID: run, Key: k.key, Applied: rapid.Bool().Draw(t, "applied"), Source: "operator", Note: "checked", Actor: "operator:t"}
+		switch rapid.IntRange(0, 2).Draw(t, "resolved by") {
+		case 1:
+			req.Source, req.Actor = "lookup", "reconciler:1"
+		case 2:
+			req.Source, req.Actor = "stripe", "webhook:stripe"
+		}
 		h.same("resolve", func(s state.Store) any { r, err := s.Resolve(h.ctx(), req); return resultOf(r, err) })
 	case op == 16:
 		k := h.someKey(run)
@@ -318,9 +324,10 @@ func (h *history) same(name string, op func(s state.Store) any) any {
 	return want
 }
 
-// compareAll compares every run's row, intents and events with the
-// model's.
+// compareAll compares every run's row, intents and events, and the
+// totals, with the model's.
 func (h *history) compareAll() {
+	h.same("totals", func(s state.Store) any { r, err := s.Totals(h.ctx()); return resultOf(r, err) })
 	for _, run := range runIDs {
 		want := h.dump(h.model, run)
 		for i, s := range h.stores {

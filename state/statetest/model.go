@@ -26,6 +26,10 @@ type Model struct {
 	runs   map[string]*modelRun
 	subs   []chan string
 	closed bool
+	// resolved counts the reconciliations applied, by source, read from
+	// the records and events written (not from the rules' tallies, which
+	// the stores' totals are checked against).
+	resolved map[string]int64
 }
 
 type modelRun struct {
@@ -186,6 +190,9 @@ func (m *Model) apply(id string, r *modelRun, mut *machine.Mutation) {
 		}
 	})
 	for _, w := range mut.Intents {
+		if w.From == state.IntentUnknown && w.Rec.State != state.IntentUnknown {
+			m.countResolution(w.Rec, mut.Events)
+		}
 		in := r.intents[w.Rec.Key]
 		if in == nil {
 			in = &modelIntent{ord: len(r.order) + 1}
@@ -210,6 +217,44 @@ func (m *Model) apply(id string, r *modelRun, mut *machine.Mutation) {
 			}
 		}
 	}
+}
+
+// countResolution counts the reconciliation of an UNKNOWN record, now
+// rec, by where it came from: a late answer, or the source and actor of
+// its event.
+func (m *Model) countResolution(rec state.Intent, events []state.Event) {
+	src := state.ResolutionResponse
+	if rec.State != state.IntentResponded {
+		req := state.ResolveRequest{Source: rec.Source}
+		for _, e := range events {
+			if e.Intent == rec.Key && e.Kind == state.EventIntentResolved {
+				req.Actor = e.Actor
+			}
+		}
+		src = state.ResolutionSource(req)
+	}
+	if m.resolved == nil {
+		m.resolved = map[string]int64{}
+	}
+	m.resolved[src]++
+}
+
+// Totals counts the runs the model holds, row by row.
+func (m *Model) Totals(context.Context) (state.Totals, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := state.Totals{Runs: map[state.Status]int64{}, Resolutions: map[string]int64{}}
+	for _, st := range state.Statuses {
+		t.Runs[st] = 0
+	}
+	for _, src := range state.ResolutionSources {
+		t.Resolutions[src] = m.resolved[src]
+	}
+	for _, r := range m.runs {
+		t.Runs[r.row.Status]++
+		t.UnknownIntents += int64(r.row.Intents[state.IntentUnknown])
+	}
+	return t, nil
 }
 
 func (m *Model) Admit(_ context.Context, req state.AdmitRequest) (state.AdmitResult, error) {

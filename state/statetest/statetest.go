@@ -64,6 +64,7 @@ func Run(t *testing.T, open Open) {
 		{"PruneKeepsTheTombstoneAndDropsTheRecord", testPrune},
 		{"PruneTakesRecordsWrittenAfterAPrune", testPruneAgain},
 		{"TextsComeBackAsTheyWereWritten", testTexts},
+		{"TotalsFollowEveryTransition", testTotals},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1594,4 +1595,117 @@ func testTexts(t *testing.T, s state.Store) {
 	if !slices.Equal(reasons, want) {
 		t.Fatalf("event reasons %q, want %q", reasons, want)
 	}
+}
+
+// testTotals: the totals move with each transition as the rows do, on
+// every kind of step that changes a run's status or its UNKNOWN intents,
+// and count each reconciliation by its source.
+func testTotals(t *testing.T, s state.Store) {
+	check := func(when string, resolved map[string]int64) {
+		t.Helper()
+		got, err := s.Totals(ctx(t))
+		if err != nil {
+			t.Fatalf("%s: totals: %v", when, err)
+		}
+		if want := TotalsOfRows(t, s, resolved); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: totals %+v, want (from the rows) %+v", when, got, want)
+		}
+	}
+	check("empty", nil)
+	admit(t, s, "tot-a")
+	admit(t, s, "tot-b")
+	guard(t, s, state.GuardRequest{RunID: "tot-auto", Key: "k", ExplicitKey: true, AutoAdmit: true})
+	check("three admitted", nil)
+	a1 := guard(t, s, state.GuardRequest{RunID: "tot-a", Key: "a1", ExplicitKey: true})
+	a2 := guard(t, s, state.GuardRequest{RunID: "tot-a", Key: "a2", ExplicitKey: true})
+	a3 := guard(t, s, state.GuardRequest{RunID: "tot-a", Key: "a3", ExplicitKey: true})
+	finish(t, s, a1.Intent, state.IntentUnknown, 0)
+	check("an outcome UNKNOWN", nil)
+	cancel(t, s, "tot-a", 40*time.Millisecond)
+	cancel(t, s, "tot-never-seen", time.Minute)
+	check("cancelled, and a tombstone", nil)
+	time.Sleep(80 * time.Millisecond)
+	wantRun(t, tick(t, s, "tot-a"), state.StatusUnknown, 2)
+	check("the drain timed out", nil)
+	if _, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: "tot-a", Key: a1.Intent.Key, Applied: true, Source: "operator", Actor: "op:alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: "tot-a", Key: a2.Intent.Key, Applied: false, Source: "stripe", Actor: "webhook:stripe"}); err != nil {
+		t.Fatal(err)
+	}
+	check("two reconciled", map[string]int64{state.ResolutionOperator: 1, state.ResolutionWebhook: 1})
+	if _, err := s.Finish(ctx(t), state.FinishRequest{RunID: "tot-a", Key: a3.Intent.Key, Attempt: a3.Intent.Attempts, Outcome: state.IntentResponded, StatusCode: 200, Actor: "proxy:t"}); err != nil {
+		t.Fatal(err)
+	}
+	resolved := map[string]int64{state.ResolutionOperator: 1, state.ResolutionWebhook: 1, state.ResolutionResponse: 1}
+	check("a late answer", resolved)
+	if r := get(t, s, "tot-a"); r.Status != state.StatusCancelled {
+		t.Fatalf("run with every effect reconciled: %s", r.Status)
+	}
+	if _, err := s.Complete(ctx(t), state.CompleteRequest{RunID: "tot-b", Version: 1, Actor: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	check("completed", resolved)
+	n, err := s.Prune(ctx(t), state.PruneRequest{FinalBefore: time.Now().Add(time.Hour), Limit: 10})
+	if err != nil || n == 0 {
+		t.Fatalf("prune: %d %v", n, err)
+	}
+	check("pruned (the rows stay)", resolved)
+}
+
+// TotalsOfRows are the totals s should answer, counted from its rows one
+// by one, with the reconciliations resolved by source.
+func TotalsOfRows(t testing.TB, s state.Store, resolved map[string]int64) state.Totals {
+	t.Helper()
+	rows, err := s.List(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := state.Totals{Runs: map[state.Status]int64{}, Resolutions: map[string]int64{}}
+	for _, st := range state.Statuses {
+		want.Runs[st] = 0
+	}
+	for _, src := range state.ResolutionSources {
+		want.Resolutions[src] = resolved[src]
+	}
+	for _, r := range rows {
+		want.Runs[r.Status]++
+		want.UnknownIntents += int64(r.Intents[state.IntentUnknown])
+	}
+	return want
+}
+
+// SomeRuns puts runs in every status into s (two effects UNKNOWN among
+// them), as a store written before it kept totals would hold, and
+// returns their ids.
+func SomeRuns(t testing.TB, s state.Store) []string {
+	t.Helper()
+	c := context.Background()
+	do := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []string{"old-active", "old-cancelling", "old-unknown", "old-completed", "old-tombstone"}
+	for _, id := range ids[:4] {
+		_, err := s.Admit(c, state.AdmitRequest{RunID: id, Actor: "t"})
+		do(err)
+	}
+	for _, key := range []string{"u1", "u2"} {
+		res, err := s.Guard(c, state.GuardRequest{RunID: "old-unknown", Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP,
+			Method: "POST", Target: "https://a.example/x", LeaseOwner: "p", LeaseTTL: time.Minute, Actor: "p"})
+		do(err)
+		_, err = s.Finish(c, state.FinishRequest{RunID: "old-unknown", Key: key, Attempt: res.Intent.Attempts, Outcome: state.IntentUnknown, Actor: "p"})
+		do(err)
+	}
+	for _, id := range []string{"old-cancelling", "old-unknown", "old-tombstone"} {
+		_, err := s.Cancel(c, state.CancelRequest{RunID: id, Actor: "op", DrainTimeout: time.Hour})
+		do(err)
+	}
+	_, err := s.Tick(c, state.TickRequest{RunID: "old-unknown", Actor: "sweeper"})
+	do(err)
+	_, err = s.Complete(c, state.CompleteRequest{RunID: "old-completed", Version: 1, Actor: "w"})
+	do(err)
+	return ids
 }

@@ -7,7 +7,8 @@
 -- Everything runs in one atomic step of the server, so nothing can come
 -- between a step's checks and its writes.
 --
--- KEYS: the seven keys of each group's run (keys.go), group after group.
+-- KEYS: the seven keys of each group's run (keys.go), group after group,
+-- then the hash of the totals the steps change (totals.go).
 -- ARGV: the number of groups; then for each group the number of its
 -- arguments that follow, its time (ms, the time its records carry), how
 -- far (ms) the run's last step may be ahead of it, its number of steps,
@@ -23,7 +24,9 @@
 --           '^' field prefix (absent fails), 'Q' base n (a derived-key
 --           counter; absent reads 0), 'T' ms (the server's clock is not
 --           past it)
---   writes  'h' field text, '+' field n (added), 'o' field prefix suffix
+--   writes  'h' field text, 'H' field text (not a step of the run: its
+--           last step's time stays), '+' field n (added), 'c' name n (a
+--           total, added), 'o' field prefix suffix
 --           (the run's next creation ordinal between them), 'q' base n
 --           (a derived-key counter), 'L' score key and 'l' key (the lease
 --           set), 'S' key and 's' key (the scheduled set), 'x' line (an
@@ -35,11 +38,12 @@
 -- {'failed', error} when its steps met an error, none of them written:
 -- results a letter a step (o written, s stale, l late), the values of the
 -- row's own fields as read, in order, and each 'R' in order.
-local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, ['+'] = 2, o = 3, q = 2, L = 2, l = 1, S = 1, s = 1,
-  x = 1, p = 2, D = 0, R = 1}
+local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, H = 2, ['+'] = 2, o = 3, q = 2, L = 2, l = 1, S = 1, s = 1,
+  x = 1, p = 2, D = 0, R = 1, c = 2}
 
--- apply_group writes the steps of group g, whose arguments start at A[a].
-local function apply_group(KEYS, A, g, a, clock)
+-- apply_group writes the steps of group g, whose arguments start at A[a],
+-- and adds the changes of the totals it makes to tallies.
+local function apply_group(KEYS, A, g, a, clock, tallies)
   local call = redis.call
   local kb = (g - 1) * 7
   local k_run, k_legacy, k_order, k_seq, k_lease, k_sched, k_events =
@@ -81,7 +85,7 @@ local function apply_group(KEYS, A, g, a, clock)
   end
 
   local results, answers = {}, {}
-  local changed, qchanged = {}, {}
+  local changed, quiet, qchanged, added = {}, {}, {}, {}
   local lease_add, lease_del, sched_add, sched_del, lines, pubs = {}, {}, {}, {}, {}, {}
   local drop = false
   -- A row of the old layout (no ordinal) is moved into this one before
@@ -163,6 +167,11 @@ local function apply_group(KEYS, A, g, a, clock)
         elseif op == 'h' then
           view[f] = A[o + 2]
           changed[f] = true
+        elseif op == 'H' then
+          view[f] = A[o + 2]
+          quiet[f] = true
+        elseif op == 'c' then
+          added[f] = (added[f] or 0) + tonumber(A[o + 2])
         elseif op == '+' then
           view[f] = string.format('%d', (tonumber(view[f]) or 0) + tonumber(A[o + 2]))
           changed[f] = true
@@ -207,6 +216,14 @@ local function apply_group(KEYS, A, g, a, clock)
   if #hset > 2 or #lines > 0 then
     hset[#hset + 1] = 't'
     hset[#hset + 1] = now
+  end
+  for f in pairs(quiet) do
+    if not changed[f] then
+      hset[#hset + 1] = f
+      hset[#hset + 1] = view[f]
+    end
+  end
+  if #hset > 2 then
     call(unpack(hset))
   end
   local qset = {'HSET', k_seq}
@@ -245,27 +262,41 @@ local function apply_group(KEYS, A, g, a, clock)
   for _, p in ipairs(pubs) do
     call('PUBLISH', p[1], p[2])
   end
+  for name, n in pairs(added) do
+    tallies[name] = (tallies[name] or 0) + n
+  end
   return {table.concat(results), read, answers}
 end
 
 local function apply(KEYS, A)
   local out = {}
   local clock = {}
+  local totals = {}
   local a = 2
   for g = 1, tonumber(A[1]) do
     -- A group starts with its length, so that an error in one run's
     -- steps (a key of the wrong type) answers those alone, as failed,
     -- and the other runs of the call go on.
     local n = tonumber(A[a])
-    local ok, res = pcall(apply_group, KEYS, A, g, a + 1, clock)
+    local tallies = {}
+    local ok, res = pcall(apply_group, KEYS, A, g, a + 1, clock, tallies)
     if not ok then
       if type(res) == 'table' and res.err then
         res = res.err
       end
       res = {'failed', tostring(res)}
+    else
+      for name, d in pairs(tallies) do
+        totals[name] = (totals[name] or 0) + d
+      end
     end
     out[g] = res
     a = a + 1 + n
+  end
+  for name, d in pairs(totals) do
+    if d ~= 0 then
+      redis.call('HINCRBY', KEYS[#KEYS], name, d)
+    end
   end
   return out
 end

@@ -40,6 +40,8 @@ func parseFlags(args []string) (bench.Config, error) {
 	fs := flag.NewFlagSet("stopgate-bench", flag.ContinueOnError)
 	fs.StringVar(&cfg.Stopgate, "stopgate", "bin/stopgate", "the built stopgate binary (go build ./cmd/proxy)")
 	fs.StringVar(&cfg.Baseline, "baseline", "bin/plain-goproxy", "the built plain-goproxy binary (go build ./internal/bench/cmd/plain-goproxy)")
+	fs.StringVar(&cfg.Before, "before", "", "a second stopgate binary, built from an earlier commit, measured beside -stopgate on each store in the main table, with a before-and-after table (make bench BENCH_BEFORE=<rev> builds it)")
+	fs.StringVar(&cfg.BeforeLabel, "before-label", "before", "names the -before binary in the tables, e.g. its commit")
 	fs.StringVar(&cfg.Smokescreen, "smokescreen", "bin/smokescreen", "the stripe/smokescreen binary measured beside stopgate (scripts/bench-deps builds it); missing: not measured, with the reason in PATH.why")
 	fs.StringVar(&cfg.Squid, "squid", "bin/squid", "the Squid binary measured beside stopgate (scripts/bench-deps installs it); missing: not measured, with the reason in PATH.why")
 	fs.StringVar(&cfg.WorkDir, "workdir", "", "directory for stores, data directories and logs (default: a temporary directory, removed at the end)")
