@@ -42,6 +42,7 @@ func (t *txn) step(id string, rule func(v machine.View) (*machine.Mutation, erro
 	if err != nil {
 		return err
 	}
+	defer machine.Release(m)
 	return v.apply(m)
 }
 

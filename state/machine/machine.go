@@ -19,6 +19,7 @@ package machine
 import (
 	"errors"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/stopgate/stopgate/state"
@@ -92,6 +93,25 @@ type Mutation struct {
 	// Tally is what the step changes of the store's totals across runs
 	// (state.Totals), which a store adds in the same write.
 	Tally []TallyDelta
+
+	// owner is the step whose room the mutation's lists use (Release).
+	owner *step
+}
+
+// steps keeps the room of steps released (Release) for the next: a step
+// costs a few hundred bytes of lists, on every effect's path.
+var steps = sync.Pool{New: func() any { return new(step) }}
+
+// Release gives a mutation's room back for a later step: its caller, and
+// whatever the caller gave m to, holds nothing of it after (its lists, its
+// row); the answers a rule returned are the caller's own and stay. A
+// mutation never released is collected as any value is.
+func Release(m *Mutation) {
+	if m != nil && m.owner != nil {
+		s := m.owner
+		m.owner = nil
+		steps.Put(s)
+	}
 }
 
 // TallyDelta is a change of one of a store's totals, named by TallyRuns,
@@ -285,7 +305,9 @@ type touched struct {
 }
 
 func newStep(v View, runID string, now time.Time) *step {
-	s := &step{v: v, now: now.UTC().Truncate(time.Millisecond), m: Mutation{RunID: runID}}
+	s := steps.Get().(*step)
+	*s = step{v: v, now: now.UTC().Truncate(time.Millisecond), m: Mutation{RunID: runID}}
+	s.m.owner = s
 	s.m.Expect, s.m.Intents, s.m.Events, s.intents = s.expectBuf[:0], s.intentBuf[:0], s.eventBuf[:0], s.touchBuf[:0]
 	return s
 }

@@ -114,7 +114,23 @@ type group struct {
 	bases    []string
 	// ops is the room the operations of the group's steps share.
 	ops []any
+	// wantsRow: a step sent answers the row, which the call then reads
+	// whole and answers as read.
+	wantsRow bool
 }
+
+// needsRow reports whether a step sent answers the run's row.
+func (g *group) needsRow() bool {
+	for _, st := range g.sent {
+		if st.settle != nil && !st.rowless {
+			return true
+		}
+	}
+	return false
+}
+
+// opsPerStep is the room a step's operations usually take.
+const opsPerStep = 32
 
 // runSteps decides and writes steps, grouped by run in the order each
 // run's came, until every one is answered: in rounds, each a read of the
@@ -280,6 +296,9 @@ func (s *Store) decideGroup(g *group) []*step {
 		g.rendered = append(g.rendered, nil)
 		g.moves = true
 	}
+	if g.ops == nil {
+		g.ops = make([]any, 0, opsPerStep*len(g.steps))
+	}
 	for i, st := range g.steps {
 		if st.count {
 			if !v.read {
@@ -301,6 +320,9 @@ func (s *Store) decideGroup(g *group) []*step {
 			continue
 		}
 		v.assume = st.assume
+		// Decided again: what the last decision wrote is not needed.
+		machine.Release(st.mut)
+		st.mut = nil
 		m, err := st.decide(v, now)
 		var ops []any
 		var rendered []*record
@@ -337,6 +359,12 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 	}
 	row, found := res.row, res.found
 	wasCounted := res.counted
+	if !g.wantsRow {
+		// Not answered: no step needs it, and the view holds the row as
+		// the steps leave it (the status, the version, the counted mark
+		// it was decided on, which the checks held to).
+		row, found, wasCounted = g.view.row, g.view.found, g.view.counted
+	}
 	answers := res.answers
 	for i, st := range g.sent {
 		switch res.results[i] {
@@ -353,7 +381,9 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 		if st.mut == nil || st.err != nil {
 			continue
 		}
-		row, found = advance(row, found, st.mut)
+		if g.wantsRow {
+			row, found = advance(row, found, st.mut)
+		}
 		recs := g.rendered[i]
 		for j, w := range st.mut.Intents {
 			r := recs[j]
@@ -372,6 +402,8 @@ func (s *Store) settleGroup(g *group, res groupResult) []*step {
 				st.err = err
 			}
 		}
+		machine.Release(st.mut)
+		st.mut = nil
 	}
 	v := g.view
 	v.row, v.found = row, found
@@ -477,8 +509,9 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	keys := make([]string, 0, 7*len(groups))
 	size := 1
 	for _, g := range groups {
+		g.wantsRow = g.needsRow()
 		fields, bases := g.reads()
-		size += 8 + len(fields) + len(bases) + len(g.sent)
+		size += 9 + len(fields) + len(bases) + len(g.sent)
 		for _, st := range g.sent {
 			size += len(st.ops)
 		}
@@ -494,7 +527,7 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	for _, g := range groups {
 		fields, bases := g.fields, g.bases
 		at := len(args)
-		args = append(args, 0, g.now, clockSlack.Milliseconds(), len(g.sent), flag(g.moves), len(fields))
+		args = append(args, 0, g.now, clockSlack.Milliseconds(), len(g.sent), flag(g.moves), flag(g.wantsRow), len(fields))
 		for _, f := range fields {
 			args = append(args, f)
 		}
@@ -503,7 +536,7 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 			args = append(args, b)
 		}
 		for _, st := range g.sent {
-			args = append(args, opCount(st.ops))
+			args = append(args, len(st.ops))
 			args = append(args, st.ops...)
 		}
 		args[at] = len(args) - at - 1
@@ -531,26 +564,22 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "H": 2, "+": 2, "o": 3, "q": 2, "L": 2, "l": 1, "S": 1, "s": 1,
 	"x": 1, "p": 2, "D": 0, "R": 1, "c": 2}
 
-func opCount(ops []any) int {
-	n := 0
-	for i := 0; i < len(ops); i += 1 + opArity[ops[i].(string)] {
-		n++
-	}
-	return n
-}
-
 // reads lists the fields of the run's hash the group's steps touch besides
 // the row's own (which the program always reads first), and the
 // derived-key counters. A field named twice is read twice, which changes
 // nothing.
 func (g *group) reads() ([]string, []string) {
-	fields := make([]string, 0, 4*len(g.sent))
+	fields := make([]string, 0, 4*len(g.sent)+3)
+	if !g.wantsRow {
+		// What the program reads of every run it writes.
+		fields = append(fields, "status", "t", "o")
+	}
 	var bases []string
 	for _, st := range g.sent {
 		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
 			switch st.ops[i].(string) {
 			case "=", "#", ">", "^", "h", "H", "+", "o", "R":
-				if f := st.ops[i+1].(string); !isRowField[f] {
+				if f := st.ops[i+1].(string); !g.wantsRow || !isRowField[f] {
 					fields = append(fields, f)
 				}
 			case "Q", "q":
@@ -596,12 +625,15 @@ func parseGroup(x any, g *group) (groupResult, error) {
 	if len(res) != len(g.sent) {
 		return groupResult{}, fmt.Errorf("the apply program answered %d results for %d steps", len(res), len(g.sent))
 	}
-	read, _ := a[1].([]any)
-	vals := make([]any, len(rowFields))
-	copy(vals, read)
 	out := groupResult{results: res}
-	out.row, out.found = rowOfValues(g.run, vals)
-	out.counted = counted(vals)
+	if g.wantsRow {
+		read, _ := a[1].([]any)
+		if len(read) != len(rowFields) {
+			return groupResult{}, fmt.Errorf("the apply program answered %d of the row's %d fields", len(read), len(rowFields))
+		}
+		out.row, out.found = rowOfValues(g.run, read)
+		out.counted = counted(read)
+	}
 	answers, _ := a[2].([]any)
 	for _, v := range answers {
 		s, _ := v.(string)

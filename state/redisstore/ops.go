@@ -218,7 +218,7 @@ func (s *Store) guardStep(req state.GuardRequest, out *state.GuardResult) *step 
 
 // finishStep is the step of an outcome; out is the record as written.
 func (s *Store) finishStep(req state.FinishRequest, out *state.Intent) *step {
-	return &step{run: req.RunID, op: "finish", assume: assumption{on: true, key: req.Key, attempt: req.Attempt},
+	return &step{run: req.RunID, op: "finish", rowless: true, assume: assumption{on: true, key: req.Key, attempt: req.Attempt},
 		key: req.Key,
 		decide: func(v machine.View, now time.Time) (m *machine.Mutation, err error) {
 			*out, m, err = machine.Finish(v, req, now)
@@ -266,7 +266,7 @@ func (s *Store) Note(ctx context.Context, req state.NoteRequest) error {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	return s.batches.do(ctx, s, &step{run: req.RunID, op: "note", key: req.Key,
+	return s.batches.do(ctx, s, &step{run: req.RunID, op: "note", rowless: true, key: req.Key,
 		decide: func(v machine.View, now time.Time) (*machine.Mutation, error) { return machine.Note(v, req, now) },
 	})
 }
@@ -279,7 +279,7 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var out state.Intent
-	err := s.batches.do(ctx, s, &step{run: req.RunID, op: "resolve", key: req.Key,
+	err := s.batches.do(ctx, s, &step{run: req.RunID, op: "resolve", rowless: true, key: req.Key,
 		decide: func(v machine.View, now time.Time) (m *machine.Mutation, err error) {
 			out, m, err = machine.Resolve(v, req, now)
 			return m, err

@@ -340,7 +340,14 @@ func rowOfValues(id string, vals []any) (state.Run, bool) {
 		return state.Run{}, false
 	}
 	str := func(i int) string { s, _ := vals[i].(string); return s }
-	num := func(i int) int64 { n, _ := strconv.ParseInt(str(i), 10, 64); return n }
+	num := func(i int) int64 {
+		if str(i) == "" {
+			// Absent: no parse, whose error would cost an allocation.
+			return 0
+		}
+		n, _ := strconv.ParseInt(str(i), 10, 64)
+		return n
+	}
 	at := func(i int) time.Time {
 		if str(i) == "" {
 			return time.Time{}

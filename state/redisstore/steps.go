@@ -43,6 +43,10 @@ type step struct {
 	// count, instead of a rule: counts a row not yet counted in the
 	// totals (totals.go).
 	count bool
+	// rowless: the step's answer has no row in it (an outcome, a
+	// reconciliation, a note), so a call of such steps alone is not
+	// answered the run's row.
+	rowless bool
 	// assume, for a guard or an outcome, decides without reading a run
 	// this process saw ACTIVE (see runView).
 	assume assumption
@@ -338,24 +342,25 @@ func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int
 			op("T", e.Time.UnixMilli())
 		}
 	}
-	if m.Create {
-		op("h", "o", "0")
+	// A row not yet counted in the totals is counted as it stands before
+	// the step changes them: checked here, with the checks, counted with
+	// the writes.
+	counting := len(m.Tally) > 0 && !m.Create && !v.counted && v.found
+	if counting {
+		if !v.read {
+			return buf, 0, nil, errNeedsRead
+		}
+		op("=", countedField, "")
 	}
-	if len(m.Tally) > 0 || m.Create {
-		if !m.Create && !v.counted {
-			if !v.read {
-				// The row must be counted as it stands first, which
-				// takes a read of it.
-				return buf, 0, nil, errNeedsRead
-			}
-			ops = countOps(ops, v)
-		}
-		if m.Create {
-			op("H", countedField, "1")
-		}
-		for _, d := range m.Tally {
-			op("c", d.Name, d.N)
-		}
+	// Every check is above, every write below.
+	if m.Create {
+		op("h", "o", "0", "H", countedField, "1")
+	}
+	if counting {
+		ops = countWrites(ops, v)
+	}
+	for _, d := range m.Tally {
+		op("c", d.Name, d.N)
 	}
 	if m.Create || m.RowChanged {
 		h := m.Row
@@ -447,7 +452,11 @@ func countOps(ops []any, v *runView) []any {
 	if !v.found {
 		return ops
 	}
-	ops = append(ops, "=", countedField, "")
+	return countWrites(append(ops, "=", countedField, ""), v)
+}
+
+// countWrites are the writes of countOps.
+func countWrites(ops []any, v *runView) []any {
 	for _, d := range machine.TallyOf(v.row) {
 		ops = append(ops, "c", d.Name, d.N)
 	}

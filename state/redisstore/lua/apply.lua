@@ -13,12 +13,13 @@
 -- arguments that follow, its time (ms, the time its records carry), how
 -- far (ms) the run's last step may be ahead of it, its number of steps,
 -- 1 if its
--- first step moves a run of the old layout into this one (else 0), the
--- number and names of the fields of the run's hash it reads besides the
--- row's own (ROW, which it always reads), the number and names of the
+-- first step moves a run of the old layout into this one (else 0), 1 if
+-- it answers the row as read (the row's own fields, ROW, read first; else
+-- 0, and the row is not answered), the number and names of the other
+-- fields of the run's hash it reads, the number and names of the
 -- derived-key counters it reads; then
--- its steps, each the number of its operations and the operations, an
--- opcode and its arguments:
+-- its steps, each the number of its arguments that follow and its
+-- operations, an opcode and its arguments, its checks before its writes:
 --   checks  '=' field text (absent: ''), '#' field n and '>' field n (the
 --           number is n, at least n; absent reads 0),
 --           '^' field prefix (absent fails), 'Q' base n (a derived-key
@@ -37,7 +38,9 @@
 -- It answers, for each group, {results, the row as read, answers}, or
 -- {'failed', error} when its steps met an error, none of them written:
 -- results a letter a step (o written, s stale, l late), the values of the
--- row's own fields as read, in order, and each 'R' in order.
+-- row's own fields as read, in order (none when not asked), and each 'R' in
+-- order.
+local CHECK = {['='] = true, ['#'] = true, ['>'] = true, ['^'] = true, Q = true, T = true}
 local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, H = 2, ['+'] = 2, o = 3, q = 2, L = 2, l = 1, S = 1, s = 1,
   x = 1, p = 2, D = 0, R = 1, c = 2}
 
@@ -48,10 +51,12 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
   local kb = (g - 1) * 7
   local k_run, k_legacy, k_order, k_seq, k_lease, k_sched, k_events =
     KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], KEYS[kb + 5], KEYS[kb + 6], KEYS[kb + 7]
-  local now, ahead, nsteps, moves, nf = A[a], A[a + 1], tonumber(A[a + 2]), A[a + 3] == '1', tonumber(A[a + 4])
-  a = a + 5
-  local nrow = #ROW
-  local fields = {unpack(ROW)}
+  local now, ahead, nsteps, moves, nf = A[a], A[a + 1], tonumber(A[a + 2]), A[a + 3] == '1', tonumber(A[a + 5])
+  local nrow, fields = 0, {}
+  if A[a + 4] == '1' then
+    nrow, fields = #ROW, {unpack(ROW)}
+  end
+  a = a + 6
   for i = 1, nf do
     fields[nrow + i] = A[a + i - 1]
   end
@@ -103,19 +108,16 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
     now = view.t
   end
   for j = 1, nsteps do
-    local nops = tonumber(A[a])
-    a = a + 1
-    local first = a
-    for _ = 1, nops do
-      a = a + 1 + ARITY[A[a]]
-    end
+    local stop = a + 1 + tonumber(A[a])
+    local o = a + 1
+    a = stop
     local result = 'o'
     if not ok then
       result = 's'
     else
-      -- The checks, against the run as the steps before left it.
-      local o = first
-      while o < a do
+      -- The checks, against the run as the steps before left it; they
+      -- come before the step's writes.
+      while o < stop and CHECK[A[o]] do
         local op = A[o]
         local v = view[A[o + 1]]
         if op == '=' then
@@ -158,8 +160,7 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
       -- The later steps of the run were decided after this one.
       ok = false
     else
-      local o = first
-      while o < a do
+      while o < stop do
         local op = A[o]
         local f = A[o + 1]
         if op == 'R' then
