@@ -75,6 +75,10 @@ type envOptions struct {
 	// maxConns, maxPerRun, handshake and idle: the caps and timeouts (0: defaults).
 	maxConns, maxPerRun int
 	handshake, idle     time.Duration
+	// policyYAML, if set, is a policy document whose rules the proxy
+	// applies as serve does (policy.Parse, then proxy.RulesOf), in place of
+	// the lists above.
+	policyYAML string
 }
 
 // testUpstreams is the one allow the tests need: their upstreams listen on
@@ -91,19 +95,19 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pass, err := proxy.NewHostSet(opts.passThrough)
+	pass, err := policy.NewHostSet(opts.passThrough)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deliv, err := proxy.NewHostSet(opts.delivery)
+	deliv, err := policy.NewHostSet(opts.delivery)
 	if err != nil {
 		t.Fatal(err)
 	}
-	none, err := proxy.NewHostSet(opts.noEffects)
+	none, err := policy.NewHostSet(opts.noEffects)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads, err := proxy.NewHostSet(opts.readEffects)
+	reads, err := policy.NewHostSet(opts.readEffects)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,12 +133,22 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if !opts.asShipped {
 		allow = append([]string{testUpstreams}, allow...)
 	}
+	rules := proxy.Rules{
+		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
+		AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
+	}
+	if opts.policyYAML != "" {
+		pol, err := policy.Parse([]byte(opts.policyYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rules, err = proxy.RulesOf(pol, allow); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p, err := proxy.New(proxy.Config{
 		Ledger: ledger, Watcher: watcher, Telemetry: tel, CA: ca, StaticRun: opts.staticRun, AutoAdmit: !opts.noAutoAdmit,
-		Rules: proxy.Rules{
-			PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
-			AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
-		},
+		Rules:   rules,
 		MaxBody: opts.maxBody, UpstreamRoots: opts.roots, DialContext: opts.dial, Tokens: opts.tokens, RequireToken: opts.requireTok,
 		Logger: log, Protected: opts.protected, Resolve: opts.resolve, Runs: opts.runs,
 		MaxConns: opts.maxConns, MaxConnsPerRun: opts.maxPerRun, HandshakeTimeout: opts.handshake, IdleTimeout: opts.idle,
