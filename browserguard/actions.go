@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -389,8 +390,7 @@ func effectOf(c command) (recorded, keyTarget, digest string) {
 		// A URL that does not parse keeps "cdp:<method>": its query could
 		// not be told apart from the rest.
 		if u, err := url.Parse(raw); err == nil {
-			u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-			recorded = state.Clip(u.String(), state.MaxTargetLen)
+			recorded = intents.RecordedTarget(u, "")
 		}
 	}
 	if len(c.Params) > 0 {

@@ -23,7 +23,6 @@ package browserguard
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -253,7 +252,7 @@ func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
 		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer Browser.getVersion: %v", err).WriteHTTP(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{
+	refusal.WriteJSON(w, http.StatusOK, map[string]string{
 		"Browser":              v.Product,
 		"Protocol-Version":     v.ProtocolVersion,
 		"User-Agent":           v.UserAgent,
@@ -290,7 +289,7 @@ func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
 			"webSocketDebuggerUrl": guardedWS(r.Host, cred, "/devtools/page/"+string(t.TargetID)),
 		})
 	}
-	writeJSON(w, http.StatusOK, list)
+	refusal.WriteJSON(w, http.StatusOK, list)
 }
 
 // guardedWS is a websocket URL of the guard on the host the client used,
@@ -490,10 +489,4 @@ func (g *Guard) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("browser guard: %d CDP connections still closing: %w", g.Connections(), ctx.Err())
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, body any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
 }

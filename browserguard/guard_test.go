@@ -413,7 +413,7 @@ func TestActionInFlight(t *testing.T) {
 		}
 		time.Sleep(150 * time.Millisecond)
 		row, err := store.Tick(context.Background(), state.TickRequest{RunID: "r7", Actor: "test"})
-		if err != nil || row.Status != state.StatusUnknown || row.StatusReason != "drain_timeout" {
+		if err != nil || row.Status != state.StatusUnknown || row.StatusReason != state.ReasonDrainTimeout {
 			t.Fatalf("tick past the drain deadline: %v %s (%s)", err, row.Status, row.StatusReason)
 		}
 		if got, _ := store.Intent(context.Background(), "r7", in.Key); got.State != state.IntentUnknown {

@@ -33,14 +33,6 @@ const (
 	MaxStepIDLen = 200
 )
 
-// Key prefixes of the claim and retry endpoints. The generic intent
-// endpoint refuses keys that start with them, so that an effect reported
-// there can never block, or stand in for, a claim or a retry.
-const (
-	claimPrefix = "claim:"
-	retryPrefix = "retry:"
-)
-
 // genericBoundaries are the boundaries POST /v1/runs/{run}/intents takes:
 // http and tunnel are the egress proxy's, claim and retry have endpoints of
 // their own with their own keys.
@@ -146,7 +138,7 @@ func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
 		return 0, nil, err
 	}
 	return h.guard(r, state.GuardRequest{
-		RunID: id, ObservedVersion: body.CancelVersion, Key: claimPrefix + body.StepID, ExplicitKey: true,
+		RunID: id, ObservedVersion: body.CancelVersion, Key: state.ClaimKey(body.StepID), ExplicitKey: true,
 		Boundary: state.BoundaryClaim, LeaseOwner: owner, LeaseTTL: ttl, Actor: actor,
 	})
 }
@@ -181,7 +173,7 @@ func (h *Handler) retry(r *http.Request, actor string) (int, any, error) {
 		return 0, nil, fmt.Errorf("%w: not_before %q is the zero time", state.ErrInvalid, body.NotBefore)
 	}
 	return h.guard(r, state.GuardRequest{
-		RunID: id, ObservedVersion: body.CancelVersion, Key: retryPrefix + body.StepID + ":" + strconv.Itoa(body.Attempt),
+		RunID: id, ObservedVersion: body.CancelVersion, Key: state.RetryKey(body.StepID, body.Attempt),
 		ExplicitKey: true, Boundary: state.BoundaryRetry, NotBefore: at, Actor: actor,
 	})
 }
@@ -211,7 +203,7 @@ func (h *Handler) dispatchRetry(r *http.Request, actor string) (int, any, error)
 		return 0, nil, err
 	}
 	return h.guard(r, state.GuardRequest{
-		RunID: id, ObservedVersion: body.CancelVersion, Key: retryPrefix + step + ":" + strconv.Itoa(attempt),
+		RunID: id, ObservedVersion: body.CancelVersion, Key: state.RetryKey(step, attempt),
 		ExplicitKey: true, Boundary: state.BoundaryRetry, LeaseOwner: owner, LeaseTTL: ttl, Actor: actor,
 	})
 }
@@ -229,8 +221,8 @@ func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
 	if body.Key == "" {
 		return 0, nil, fmt.Errorf("%w: key is required: the effect's idempotency key", state.ErrInvalid)
 	}
-	if strings.HasPrefix(body.Key, claimPrefix) || strings.HasPrefix(body.Key, retryPrefix) {
-		return 0, nil, fmt.Errorf("%w: key %q: keys starting with %q or %q belong to /claims and /retries", state.ErrInvalid, body.Key, claimPrefix, retryPrefix)
+	if err := state.CheckUnreserved(body.Key); err != nil {
+		return 0, nil, err
 	}
 	boundary := cmp.Or(body.Boundary, state.BoundaryCustom)
 	if !slices.Contains(genericBoundaries, boundary) {

@@ -204,7 +204,7 @@ func TestExpiredClaimBecomesUnknownNeverRedispatched(t *testing.T) {
 		run(t, srv, []spec{
 			{name: "ExpiredIsUnknown", method: "GET", path: "/v1/runs/x1/intents/claim:s1", status: 200,
 				check: wantIntent("claim:s1", state.IntentUnknown, func(t *testing.T, in state.Intent) {
-					if in.Reason != "lease_expired" {
+					if in.Reason != state.ReasonLeaseExpired {
 						t.Errorf("reason %q, want lease_expired", in.Reason)
 					}
 				})},

@@ -116,7 +116,7 @@ func runChart(run state.Run, intents []state.Intent, events []state.Event, now t
 			}
 		case state.EventIntentOutcome, state.EventIntentExpired, state.EventIntentRevoked:
 			s.to = e.At
-			if cutReason(e.Reason) {
+			if state.CutBy(e.Reason) {
 				s.cuts = append(s.cuts, e.At)
 			}
 		case state.EventIntentResolved:
@@ -214,18 +214,6 @@ func runChart(run state.Run, intents []state.Intent, events []state.Event, now t
 		c.Ticks = append(c.Ticks, chartTick{X: x(t), Text: t.UTC().Format(tickFormat(step))})
 	}
 	return c
-}
-
-// cutReason reports whether an outcome's reason says stopgate cut the
-// effect (the proxy's and the browser guard's cut reasons, which the
-// record may lead with the outcome's source: "policy: run_cancelled: …").
-func cutReason(reason string) bool {
-	for _, p := range []string{"run_cancelled", "run_CANCELLED", "run_UNKNOWN", "run_COMPLETED", "drain_timeout", "stopgate_shutdown"} {
-		if strings.Contains(reason, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // tickStep is the step of at most about eight ticks over d.

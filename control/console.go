@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/base64"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/signed"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -169,14 +169,21 @@ func (h *Handler) page(fn func(w http.ResponseWriter, r *http.Request, v console
 			http.Redirect(w, r, "/login?"+q.Encode(), http.StatusSeeOther)
 			return
 		}
-		if v.p.Scope == ScopeWorker {
-			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden",
-				Error: "A run token does not open the console: log in with the operator or the read-only token."})
+		if err := v.p.allow(accessRead, "", consoleWhat); err != nil {
+			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Error: errText(err, "")})
 			return
 		}
 		fn(w, r, v)
 	}
 }
+
+// consoleWhat is what a visitor does in the console, for the refusal of
+// one who may not: the console spans runs, so it is a route of no run.
+const consoleWhat = "open the console"
+
+// canAct says whether p may use the console's forms that change a run: the
+// rule of the API's routes that do (Principal.allow), not one of its own.
+func canAct(p Principal) bool { return p.allow(accessOperate, "", "") == nil }
 
 // action wraps a form POST: the visitor must prove itself (no redirect: a
 // form must not be lost silently), a cookie session must send its form's
@@ -193,22 +200,21 @@ func (h *Handler) action(operatorOnly bool, fn func(w http.ResponseWriter, r *ht
 			h.render(w, r, http.StatusBadRequest, view{Page: "error", Title: "Bad form", Error: "The form could not be read: " + err.Error()})
 			return
 		}
-		if v.cookie != "" && !hmacEqual(r.PostForm.Get(csrfField), h.console.keys.csrf(v.cookie)) {
+		if v.cookie != "" && !signed.Equal(r.PostForm.Get(csrfField), h.console.keys.csrf(v.cookie)) {
 			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden",
 				Error: "The form's CSRF token is missing or stale: reload the page and try again."})
 			return
 		}
-		if operatorOnly && v.p.Scope != ScopeOperator || v.p.Scope == ScopeWorker {
-			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden",
-				Error: "Only the operator token may stop runs or reconcile effects; this session is " + v.p.Actor() + "."})
+		need, what := accessRead, consoleWhat
+		if operatorOnly {
+			need, what = accessOperate, "stop runs or reconcile effects"
+		}
+		if err := v.p.allow(need, "", what); err != nil {
+			h.render(w, r, http.StatusForbidden, view{Page: "error", Title: "Forbidden", Error: errText(err, "")})
 			return
 		}
 		fn(w, r, v)
 	}
-}
-
-func hmacEqual(a, b string) bool {
-	return a != "" && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
 func errText(err error, fallback string) string {
@@ -226,7 +232,7 @@ func errText(err error, fallback string) string {
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, v view) {
 	if v.Who == "" && !v.Anonymous {
 		if vis, ok, _ := h.visitor(r); ok {
-			v.Who, v.CanAct, v.LoggedIn = vis.p.Actor(), vis.p.Scope == ScopeOperator, vis.cookie != ""
+			v.Who, v.CanAct, v.LoggedIn = vis.p.Actor(), canAct(vis.p), vis.cookie != ""
 			if vis.cookie != "" {
 				v.CSRF = h.console.keys.csrf(vis.cookie)
 			}
@@ -257,7 +263,7 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, v v
 }
 
 func (v consoleVisitor) view(h *Handler, page, title string) view {
-	out := view{Page: page, Title: title, Who: v.p.Actor(), CanAct: v.p.Scope == ScopeOperator, LoggedIn: v.cookie != ""}
+	out := view{Page: page, Title: title, Who: v.p.Actor(), CanAct: canAct(v.p), LoggedIn: v.cookie != ""}
 	if v.cookie != "" {
 		out.CSRF = h.console.keys.csrf(v.cookie)
 	}
@@ -307,8 +313,9 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("control: console login refused", "remote", r.RemoteAddr)
 		fail(http.StatusUnauthorized, "That token was refused.")
 		return
-	case p.Scope == ScopeWorker:
-		fail(http.StatusForbidden, "A run token does not open the console: use the operator or the read-only token.")
+	}
+	if err := p.allow(accessRead, "", consoleWhat); err != nil {
+		fail(http.StatusForbidden, errText(err, ""))
 		return
 	}
 	value, err := h.console.keys.issue(p.Scope, name, time.Now())
@@ -370,7 +377,7 @@ func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request, v consoleVisi
 	// The API's query: by status, id prefix and time, the latest first.
 	q, err := ParseRunQuery(url.Values{"status": {qv.Get("status")}, "prefix": {rv.Query}, "since": {rv.Since}}, time.Now())
 	if err != nil {
-		out.Error = strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": ") + ": showing every run."
+		out.Error = state.Why(err) + ": showing every run."
 		q, rv.Query, rv.Since = RunQuery{}, "", ""
 	}
 	q.Sort, q.Limit = SortByUpdated, maxListedRuns

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -174,7 +176,7 @@ func TestConsoleLoginSetsAStrictHttpOnlyCookieThatIsNotTheToken(t *testing.T) {
 	}{
 		"Wrong":       {"sgop_guessed", "", 401, "That token was refused"},
 		"Empty":       {"", "", 400, "Paste the operator token"},
-		"RunToken":    {signer.Sign("r1", 1, time.Now().Add(time.Hour)), "", 403, "A run token does not open the console"},
+		"RunToken":    {signer.Sign("r1", 1, time.Now().Add(time.Hour)), "", 403, "may not open the console"},
 		"NameOfSpace": {testToken, "alice smith", 400, "no spaces"},
 	} {
 		p := b.login(tc.token, tc.name)
@@ -293,7 +295,7 @@ func TestConsoleReadOnlySessionShowsAndChangesNothing(t *testing.T) {
 		"/runs/r1/stop":                      {"csrf": {csrf}},
 		"/runs/r2/intents/charge-42/resolve": {"csrf": {csrf}, "outcome": {"applied"}},
 	} {
-		if p := b.do("POST", path, form, nil); p.status != http.StatusForbidden || !strings.Contains(p.body, "Only the operator token") {
+		if p := b.do("POST", path, form, nil); p.status != http.StatusForbidden || !strings.Contains(p.body, "a read-only token may not stop runs") {
 			t.Errorf("POST %s as read-only: %d\n%s", path, p.status, p.body)
 		}
 	}
@@ -442,5 +444,52 @@ func TestConsoleShowsARunsUsageAgainstItsLimits(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(p.body)
+	}
+}
+
+// TestConsoleAndAPIDecideWhoMayStopARunAlike: for each credential, the
+// console's Stop button and the API's cancel answer alike — allowed, or
+// 403 with the same words — because both ask Principal.allow.
+func TestConsoleAndAPIDecideWhoMayStopARunAlike(t *testing.T) {
+	store := testkit.FileStore(t)
+	srv, signer := consoleAPI(t, store)
+	for name, tc := range map[string]struct {
+		token string
+		may   bool
+	}{
+		"operator":  {testToken, true},
+		"read-only": {readToken, false},
+		"worker":    {signer.Sign("w-run", 1, time.Now().Add(time.Hour)), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			runAPI, runConsole := "api-"+name, "console-"+name
+			if name == "worker" {
+				runAPI, runConsole = "w-run", "w-run"
+			}
+			admit(t, store, runAPI)
+			if runConsole != runAPI {
+				admit(t, store, runConsole)
+			}
+			bearer := map[string]string{"Authorization": "Bearer " + tc.token}
+			b := newBrowserLike(t, srv)
+			console := b.do("POST", "/runs/"+runConsole+"/stop", url.Values{"reason": {"test"}}, bearer)
+			api := b.do("POST", "/v1/runs/"+runAPI+"/cancel", nil, bearer)
+			consoleMay, apiMay := console.status == http.StatusSeeOther, api.status == http.StatusAccepted
+			if consoleMay != tc.may || apiMay != tc.may {
+				t.Fatalf("console %d, API %d; want both to allow: %v\nconsole: %s\nAPI: %s", console.status, api.status, tc.may, console.body, api.body)
+			}
+			if tc.may {
+				return
+			}
+			var refused struct{ Message string }
+			if err := json.Unmarshal([]byte(api.body), &refused); err != nil || refused.Message == "" {
+				t.Fatalf("API refusal %q: %v", api.body, err)
+			}
+			// The words that name the credential and what would do.
+			why := refused.Message[strings.LastIndex(refused.Message, ":")+1:]
+			if console.status != http.StatusForbidden || !strings.Contains(html.UnescapeString(console.body), strings.TrimSpace(why)) {
+				t.Errorf("console %d does not give the API's reason %q:\n%s", console.status, why, console.body)
+			}
+		})
 	}
 }

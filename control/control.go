@@ -137,8 +137,8 @@ func New(opts Options) (*Handler, error) {
 	if opts.Store == nil {
 		return nil, errors.New("control: no store")
 	}
-	if opts.DrainTimeout < 0 {
-		return nil, fmt.Errorf("control: drain timeout %s is negative", opts.DrainTimeout)
+	if err := state.CheckDrainTimeout(opts.DrainTimeout); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
 	}
 	creds, err := newCredentials(opts)
 	if err != nil {
@@ -316,7 +316,7 @@ func (h *Handler) api(rt route) http.Handler {
 			h.writeError(w, r, err)
 			return
 		}
-		writeJSON(w, status, body)
+		refusal.WriteJSON(w, status, body)
 	})
 }
 
@@ -417,7 +417,7 @@ func (h *Handler) ca(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
@@ -427,7 +427,7 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, refusal.New(refusal.StoreUnavailable, "store did not answer a ping within %s: %v", ReadyTimeout, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 // responseWriter remembers whether the header was written, so that a panic

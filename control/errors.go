@@ -43,21 +43,6 @@ func (h *Handler) notFound(r *http.Request, err error) *refusal.Refusal {
 	return refusal.Wrap(err, refusal.NotFound, "%v", err)
 }
 
-func writeJSON(w http.ResponseWriter, status int, body any) {
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(body); err != nil {
-		// Every body here is a plain struct of this package or of state;
-		// failing to encode one is a bug, reported without a second try.
-		refusal.Wrap(err, refusal.Internal, "encoding the answer failed: %v", err).WriteHTTP(w)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
-}
-
 // decode reads a JSON body into dst, strictly: one object, no unknown
 // fields, at most MaxBodyBytes. An empty body leaves dst as it is, so that
 // endpoints whose fields are all optional take no body at all.

@@ -4,15 +4,13 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 
 	"github.com/stopgate/stopgate/refusal"
+	"github.com/stopgate/stopgate/signed"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -30,11 +28,11 @@ const resolvePath = "/v1/runs/{run}/intents/{key}/resolve"
 // DefaultResolveSource is recorded when an operator names no source.
 const DefaultResolveSource = "operator"
 
-// signed reports whether r takes the webhook path. ServeHTTP lets such a
+// hasSignature reports whether r takes the webhook path. ServeHTTP lets such a
 // request past the token check only when it is routed to resolve, and
 // resolve verifies every request this reports: both ask this one function,
 // so nothing can pass the first without meeting the second.
-func signed(r *http.Request) bool {
+func hasSignature(r *http.Request) bool {
 	_, ok := r.Header[SignatureHeader]
 	return ok
 }
@@ -43,7 +41,7 @@ func signed(r *http.Request) bool {
 // resolve. Asking the mux, rather than matching the path here, keeps its
 // cleaning and escaping rules the only ones.
 func (h *Handler) signedWebhook(r *http.Request) bool {
-	if r.Method != http.MethodPost || !signed(r) {
+	if r.Method != http.MethodPost || !hasSignature(r) {
 		return false
 	}
 	_, pattern := h.mux.Handler(r)
@@ -75,7 +73,7 @@ func (h *Handler) resolve(r *http.Request, actor string) (int, any, error) {
 		return 0, nil, fmt.Errorf("%w: outcome %q: want applied or not_applied", state.ErrInvalid, body.Outcome)
 	}
 	source := body.Source
-	if signed(r) {
+	if hasSignature(r) {
 		if err := h.verifyWebhook(r, id, key, body, raw); err != nil {
 			return 0, nil, err
 		}
@@ -125,7 +123,6 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	if body.RunID == "" || body.Key == "" {
 		return fmt.Errorf("%w: run_id and key are required on a signed request: the signature covers them, so it is good for this intent only", state.ErrInvalid)
 	}
-	got, wellFormed := parseSignature(r.Header.Values(SignatureHeader))
 	var secret []byte
 	known := false
 	if h.webhook != nil {
@@ -133,9 +130,7 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	}
 	// The MAC is computed even for an unknown source, so that the time of
 	// the answer does not tell which sources exist.
-	mac := hmac.New(sha256.New, secret)
-	mac.Write(raw)
-	match := hmac.Equal(mac.Sum(nil), got)
+	wellFormed, match := signed.CheckWebhook(secret, raw, r.Header.Values(SignatureHeader))
 	var reason string
 	switch {
 	case !wellFormed:
@@ -154,22 +149,6 @@ func (h *Handler) verifyWebhook(r *http.Request, runID, key string, body Resolve
 	return refusal.New(refusal.BadSignature,
 		"%s is not a valid sha256=<hex HMAC-SHA256 of the body> under the secret of source %q for intent %s of run %s: nothing was changed",
 		SignatureHeader, body.Source, key, runID)
-}
-
-// parseSignature reads the one "sha256=<hex>" value of the header.
-func parseSignature(vals []string) ([]byte, bool) {
-	if len(vals) != 1 {
-		return nil, false
-	}
-	hexSum, ok := strings.CutPrefix(strings.TrimSpace(vals[0]), "sha256=")
-	if !ok {
-		return nil, false
-	}
-	sum, err := hex.DecodeString(hexSum)
-	if err != nil || len(sum) != sha256.Size {
-		return nil, false
-	}
-	return sum, true
 }
 
 // bufferBody reads the whole body, bounded like decode, and puts it back

@@ -50,7 +50,7 @@ func TestResolveByOperator(t *testing.T) {
 			{name: "ResolvedOnce", method: "POST", path: "/v1/runs/u1/intents/charge-1/resolve", body: `{"outcome":"applied"}`, status: 409,
 				code: state.ConflictNotUnknown, message: "NOT_APPLIED"},
 		})
-		if got := tick(t, store, "u1"); got.Status != state.StatusCancelled || got.StatusReason != "reconciled" {
+		if got := tick(t, store, "u1"); got.Status != state.StatusCancelled || got.StatusReason != state.ReasonReconciled {
 			t.Fatalf("run %s (%s) once its unknown intent is resolved, want CANCELLED (reconciled)", got.Status, got.StatusReason)
 		}
 		events, err := store.Events(context.Background(), "u1")

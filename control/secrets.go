@@ -18,6 +18,9 @@ import (
 // reads the operator token from there, so that a fresh install is closed
 // and yet usable from the same directory without copying a secret by hand.
 const (
+	// DefaultDataDir is serve's data directory, and where the CLI looks
+	// for the operator token, when none is named.
+	DefaultDataDir = "./stopgate-data"
 	// OperatorTokenFile holds the operator token.
 	OperatorTokenFile = "operator.token"
 	// ReadTokenFile holds the read-only token, for dashboards and people

@@ -1,15 +1,14 @@
 package control
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/stopgate/stopgate/signed"
 )
 
 // Console sessions: the login form takes a token once and hands the browser
@@ -39,7 +38,14 @@ type session struct {
 }
 
 // sessionKeys sign the console's cookies and CSRF tokens.
-type sessionKeys struct{ mac []byte }
+type sessionKeys struct{ key signed.Key }
+
+// Prefixes of what the console signs: a cookie is a sealed session, a
+// form's CSRF token the MAC of its cookie.
+const (
+	sessionPrefix = "sgs1."
+	csrfPurpose   = "sgcsrf1."
+)
 
 // newSessionKeys derives the key from the operator token, so that sessions
 // survive a restart and work on every instance sharing the token, and end
@@ -51,19 +57,9 @@ func newSessionKeys(operatorToken string) (sessionKeys, error) {
 		if _, err := rand.Read(k); err != nil {
 			return sessionKeys{}, err
 		}
-		return sessionKeys{mac: k}, nil
+		return sessionKeys{key: signed.NewKey(k)}, nil
 	}
-	m := hmac.New(sha256.New, []byte(operatorToken))
-	m.Write([]byte("stopgate console session v1"))
-	return sessionKeys{mac: m.Sum(nil)}, nil
-}
-
-func (k sessionKeys) sign(purpose, s string) string {
-	m := hmac.New(sha256.New, k.mac)
-	m.Write([]byte(purpose))
-	m.Write([]byte{0})
-	m.Write([]byte(s))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+	return sessionKeys{key: signed.NewKey([]byte(operatorToken)).Derive("stopgate console session v1")}, nil
 }
 
 // issue is the cookie value of a new session.
@@ -72,28 +68,15 @@ func (k sessionKeys) issue(scope Scope, name string, now time.Time) (string, err
 	if _, err := rand.Read(nonce); err != nil {
 		return "", err
 	}
-	payload, err := json.Marshal(session{Scope: scope, Name: name, Expires: now.Add(SessionTTL).Unix(), Nonce: base64.RawURLEncoding.EncodeToString(nonce)})
-	if err != nil {
-		return "", err
-	}
-	body := base64.RawURLEncoding.EncodeToString(payload)
-	return body + "." + k.sign("session", body), nil
+	return k.key.Seal(sessionPrefix, session{Scope: scope, Name: name, Expires: now.Add(SessionTTL).Unix(), Nonce: base64.RawURLEncoding.EncodeToString(nonce)})
 }
 
 var errBadSession = errors.New("the console session is not valid: log in again")
 
 // open checks a cookie value and says what it proves.
 func (k sessionKeys) open(value string, now time.Time) (session, error) {
-	body, sig, ok := strings.Cut(value, ".")
-	if !ok || !hmac.Equal([]byte(sig), []byte(k.sign("session", body))) {
-		return session{}, errBadSession
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(body)
-	if err != nil {
-		return session{}, errBadSession
-	}
 	var s session
-	if err := json.Unmarshal(payload, &s); err != nil || (s.Scope != ScopeOperator && s.Scope != ScopeReadOnly) {
+	if err := k.key.Open(sessionPrefix, value, &s); err != nil || (s.Scope != ScopeOperator && s.Scope != ScopeReadOnly) {
 		return session{}, errBadSession
 	}
 	if now.Unix() >= s.Expires {
@@ -103,7 +86,7 @@ func (k sessionKeys) open(value string, now time.Time) (session, error) {
 }
 
 // csrf is the form token of the session whose cookie value is given.
-func (k sessionKeys) csrf(cookie string) string { return k.sign("csrf", cookie) }
+func (k sessionKeys) csrf(cookie string) string { return k.key.Sum(csrfPurpose, cookie) }
 
 // setSessionCookie hands the browser its session.
 func setSessionCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
@@ -95,8 +96,8 @@ func (h *Handler) bind(r *http.Request, actor string) (int, any, error) {
 	if body.UID == nil {
 		return 0, nil, fmt.Errorf("%w: uid is required", state.ErrInvalid)
 	}
-	if *body.UID < 0 || *body.UID > 1<<32-2 {
-		return 0, nil, fmt.Errorf("%w: uid %d: want 0 to %d", state.ErrInvalid, *body.UID, int64(1<<32-2))
+	if why := redirect.CheckUID(*body.UID); why != "" {
+		return 0, nil, fmt.Errorf("%w: %s", state.ErrInvalid, why)
 	}
 	if err := state.ValidateRunID(body.RunID); err != nil {
 		return 0, nil, err

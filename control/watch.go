@@ -454,7 +454,7 @@ func (h *Handler) longPoll(w http.ResponseWriter, r *http.Request, f *follower, 
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(p.wait + h.watches.opts.WriteTimeout))
 	answer := func(row state.Run, what string) {
 		w.Header().Set(WatchHeader, what)
-		writeJSON(w, http.StatusOK, normRun(row))
+		refusal.WriteJSON(w, http.StatusOK, normRun(row))
 	}
 	wait := time.NewTimer(p.wait)
 	defer wait.Stop()

@@ -15,12 +15,38 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/stopgate/stopgate/state"
 )
+
+// RecordedTarget is the URL an effect is recorded under, on every edge
+// that records one (the egress proxy's requests, the browser guard's
+// navigations): where it went, without the credentials, query and
+// fragment, which often carry secrets; its key (DerivedKey) still covers
+// the whole URL, query included. whole is u.String() when the caller has
+// written it out already ("" when not), which spares writing it again.
+func RecordedTarget(u *url.URL, whole string) string {
+	if u.User == nil && u.RawQuery == "" && !u.ForceQuery && u.Fragment == "" {
+		if whole == "" {
+			whole = u.String()
+		}
+		return state.Clip(whole, state.MaxTargetLen)
+	}
+	if u.User == nil && u.Fragment == "" && whole != "" {
+		// u.String() ends with "?" and the raw query when it has no
+		// fragment.
+		if n := len(whole) - len(u.RawQuery) - 1; n >= 0 && whole[n] == '?' && whole[n+1:] == u.RawQuery {
+			return state.Clip(whole[:n], state.MaxTargetLen)
+		}
+	}
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	return state.Clip(c.String(), state.MaxTargetLen)
+}
 
 // DerivedKey names an effect that carries no Idempotency-Key: the same run,
 // method, target and body give the same base, and the store numbers repeats.
@@ -56,6 +82,11 @@ type Ledger struct {
 	held map[state.IntentRef]struct{}
 }
 
+// DefaultLeaseTTL is how long an IN_FLIGHT intent stays leased to its
+// carrier without a renewal when none is set: a carrier killed with -9
+// leaves its effects UNKNOWN that much later.
+const DefaultLeaseTTL = 15 * time.Second
+
 // LedgerOptions configure a Ledger.
 type LedgerOptions struct {
 	// Owner names this instance in leases and in the audit log.
@@ -71,7 +102,7 @@ type LedgerOptions struct {
 // NewLedger returns a ledger; call Run to keep its leases alive.
 func NewLedger(store state.Store, opts LedgerOptions) *Ledger {
 	if opts.LeaseTTL <= 0 {
-		opts.LeaseTTL = 15 * time.Second
+		opts.LeaseTTL = DefaultLeaseTTL
 	}
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = state.DefaultTimeout

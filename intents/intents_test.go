@@ -172,7 +172,7 @@ func TestSweeperExpiresDeadCarriersAndFinalizesCancels(t *testing.T) {
 	if dead.Status != state.StatusUnknown || drained.Status != state.StatusCancelled {
 		t.Fatalf("after a sweep: dead %s (want UNKNOWN), drained %s (want CANCELLED)", dead.Status, drained.Status)
 	}
-	if in, _ := s.Intent(ctx, "dead", "k"); in.Reason != "lease_expired" {
+	if in, _ := s.Intent(ctx, "dead", "k"); in.Reason != state.ReasonLeaseExpired {
 		t.Fatalf("expired intent %+v", in)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -106,13 +105,12 @@ func (r *Reconciler) page(ctx context.Context) ([]string, error) {
 }
 
 func (r *Reconciler) lookupFor(in state.Intent) (policy.Lookup, bool) {
-	u, err := url.Parse(in.Target)
 	host := in.Target
-	if err == nil && u.Host != "" {
+	if u, err := url.Parse(in.Target); err == nil && u.Host != "" {
 		host = u.Host
 	}
 	for _, l := range r.Lookups {
-		if strings.EqualFold(l.Host, host) || strings.EqualFold(l.Host, u.Hostname()) {
+		if l.Covers(host) {
 			return l, true
 		}
 	}

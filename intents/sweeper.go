@@ -67,13 +67,18 @@ type Sweeper struct {
 	cancelling map[string]struct{}
 }
 
-// Run sweeps every Interval (1s if unset) until ctx ends.
+// DefaultSweepInterval is the time between sweeps (and between the
+// reconciler's passes) when none is set: a lease that expires, a drain
+// deadline that passes, is acted on within it.
+const DefaultSweepInterval = time.Second
+
+// Run sweeps every Interval (DefaultSweepInterval if unset) until ctx ends.
 func (s *Sweeper) Run(ctx context.Context) { every(ctx, s.Interval, s.Sweep) }
 
-// every calls f every interval (1s if unset) until ctx ends.
+// every calls f every interval (DefaultSweepInterval if unset) until ctx ends.
 func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
 	if interval <= 0 {
-		interval = time.Second
+		interval = DefaultSweepInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()

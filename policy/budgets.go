@@ -231,8 +231,8 @@ func (l LLM) validate() error {
 			return fmt.Errorf("%s: list the provider's hosts", where)
 		}
 		for _, h := range p.Hosts {
-			if h == "" || strings.ContainsAny(h, "/ ") {
-				return fmt.Errorf("%s: %q is not a host, host:port or *.domain", where, h)
+			if _, err := ParseHostPattern(h); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
 			}
 		}
 	}
@@ -268,8 +268,8 @@ func validateTripwires(ts []Tripwire) error {
 			return fmt.Errorf("%s (%s): give hosts or paths (methods alone would match every host)", where, tw.Name)
 		}
 		for _, h := range tw.Hosts {
-			if h == "" || strings.ContainsAny(h, "/ ") {
-				return fmt.Errorf("%s (%s): %q is not a host, host:port or *.domain", where, tw.Name, h)
+			if _, err := ParseHostPattern(h); err != nil {
+				return fmt.Errorf("%s (%s): %w", where, tw.Name, err)
 			}
 		}
 		for _, m := range tw.Methods {

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -61,8 +60,8 @@ func (d Destinations) Check() error {
 }
 
 // DestinationRule is one entry of an allow or deny list: a host pattern
-// (api.example.com, *.example.com, either with :port) or an address rule
-// (an IP, an IP:port, or a CIDR).
+// (api.example.com, *.example.com, either with :port: the grammar of
+// HostPattern) or an address rule (an IP, an IP:port, or a CIDR).
 type DestinationRule struct {
 	// Host is the host pattern, lower case without a trailing dot; empty
 	// for an address rule.
@@ -118,18 +117,9 @@ func ParseDestinationRule(s string) (DestinationRule, error) {
 		}
 		return DestinationRule{Prefix: unmapPrefix(p)}, nil
 	}
-	host, port := s, uint16(0)
-	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		host = s[1 : len(s)-1]
-	} else if h, ps, err := net.SplitHostPort(s); err == nil {
-		n, perr := strconv.Atoi(ps)
-		if perr != nil || n < 1 || n > 65535 {
-			return bad("port " + strconv.Quote(ps) + " is not a number from 1 to 65535")
-		}
-		host, port = h, uint16(n)
-	} else if strings.Count(s, ":") == 1 {
-		// host:port whose port is missing or not a port at all.
-		return bad("not host:port")
+	host, port, why := splitPort(s)
+	if why != "" {
+		return bad(why)
 	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		if a.Zone() != "" {
@@ -138,47 +128,11 @@ func ParseDestinationRule(s string) (DestinationRule, error) {
 		a = a.Unmap()
 		return DestinationRule{Prefix: netip.PrefixFrom(a, a.BitLen()), Port: port}, nil
 	}
-	if strings.HasPrefix(host, "[") {
-		return bad("not an IPv6 address in brackets")
-	}
-	name, err := hostPattern(host)
+	name, err := hostName(host)
 	if err != nil {
 		return bad(err.Error())
 	}
 	return DestinationRule{Host: name, Port: port}, nil
-}
-
-// hostPattern checks a host name or *.domain pattern and returns it in the
-// form names are compared in: lower case, without a trailing dot.
-func hostPattern(host string) (string, error) {
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	name := strings.TrimPrefix(host, "*.")
-	if name == "" || strings.Contains(name, "*") {
-		return "", errors.New("a wildcard is only *.domain")
-	}
-	if len(host) > 253 {
-		return "", errors.New("longer than a host name can be")
-	}
-	numeric := false
-	for label := range strings.SplitSeq(name, ".") {
-		if label == "" || len(label) > 63 {
-			return "", errors.New("not a host name")
-		}
-		numeric = true
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return "", fmt.Errorf("%q in a host name", c)
-			}
-			numeric = numeric && c >= '0' && c <= '9'
-		}
-	}
-	if numeric {
-		// No top-level domain is all digits: this is an address written
-		// oddly (10.0.0.1., 010.1, 167772161), which a name rule would
-		// match by its spelling only.
-		return "", errors.New("ends in a numeric label, so it is no host name; write an IP address as such")
-	}
-	return host, nil
 }
 
 // unmapPrefix turns an IPv4-mapped IPv6 prefix (::ffff:10.0.0.0/104) into

@@ -37,7 +37,7 @@ type Policy struct {
 	Webhooks map[string]Webhook `yaml:"webhooks"`
 	// Lookups ask providers what happened to an UNKNOWN intent.
 	Lookups []Lookup `yaml:"lookups"`
-	// Effects says, per destination (host, host:port or *.domain), which
+	// Effects says, per destination (a HostPattern), which
 	// requests have an effect outside: EffectsNone, EffectsWrites (the
 	// default for any destination not listed) or EffectsAll.
 	Effects map[string]Effects `yaml:"effects"`
@@ -86,6 +86,7 @@ type Webhook struct {
 
 // Lookup reconciles UNKNOWN intents whose target host matches Host.
 type Lookup struct {
+	// Host is a HostPattern.
 	Host string `yaml:"host"`
 	// URL is a template: {key} and {run} are replaced, path-escaped.
 	URL string `yaml:"url"`
@@ -145,15 +146,13 @@ func Parse(b []byte) (Policy, error) {
 
 func (p *Policy) validate() error {
 	for field, hosts := range map[string][]string{"pass_through": p.PassThrough, "delivery": p.Delivery} {
-		for _, h := range hosts {
-			if h == "" || strings.ContainsAny(h, "/ ") {
-				return fmt.Errorf("%s: %q is not a host, host:port or *.domain", field, h)
-			}
+		if _, err := NewHostSet(hosts); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
 		}
 	}
 	for host, e := range p.Effects {
-		if host == "" || strings.ContainsAny(host, "/ ") {
-			return fmt.Errorf("effects: %q is not a host, host:port or *.domain", host)
+		if _, err := ParseHostPattern(host); err != nil {
+			return fmt.Errorf("effects: %w", err)
 		}
 		switch e {
 		case EffectsNone, EffectsWrites, EffectsAll:
@@ -189,6 +188,9 @@ func (p *Policy) validate() error {
 		if l.Host == "" {
 			return fmt.Errorf("%s: host is required", where)
 		}
+		if _, err := ParseHostPattern(l.Host); err != nil {
+			return fmt.Errorf("%s: host: %w", where, err)
+		}
 		u, err := url.Parse(strings.NewReplacer("{key}", "k", "{run}", "r").Replace(l.URL))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("%s: url %q is not an http(s) URL template", where, l.URL)
@@ -220,6 +222,13 @@ func (p Policy) Secret(source string) ([]byte, bool) {
 		return []byte(os.Getenv(w.SecretEnv)), true
 	}
 	return []byte(w.Secret), true
+}
+
+// Covers reports whether the lookup is for hostport, the host (and port)
+// of an intent's target.
+func (l Lookup) Covers(hostport string) bool {
+	set, err := NewHostSet([]string{l.Host})
+	return err == nil && set.Match(hostport)
 }
 
 // HeaderValues expands ${VAR} in a lookup's headers from the environment.

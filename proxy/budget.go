@@ -20,7 +20,7 @@ import (
 // tripwire is one of the policy's tripwires, ready to match.
 type tripwire struct {
 	name    string
-	hosts   HostSet
+	hosts   policy.HostSet
 	methods []string
 	paths   []string
 }
@@ -28,7 +28,7 @@ type tripwire struct {
 // llmProvider is one API shape's hosts.
 type llmProvider struct {
 	api   llmusage.API
-	hosts HostSet
+	hosts policy.HostSet
 }
 
 // budgetRules are the parts of Rules that budgets and tripwires take.
@@ -48,7 +48,7 @@ type budgetRules struct {
 func compileBudgetRules(pol policy.Policy) (budgetRules, error) {
 	b := budgetRules{Budgets: pol.Budgets}
 	for _, tw := range pol.Tripwires {
-		hosts, err := NewHostSet(tw.Hosts)
+		hosts, err := policy.NewHostSet(tw.Hosts)
 		if err != nil {
 			return budgetRules{}, fmt.Errorf("tripwires (%s): %w", tw.Name, err)
 		}
@@ -57,7 +57,7 @@ func compileBudgetRules(pol policy.Policy) (budgetRules, error) {
 	// The policy's providers first, so that a host it lists under
 	// another shape is read as it says.
 	for _, p := range append(append([]policy.Provider(nil), pol.LLM.Providers...), policy.DefaultProviders...) {
-		hosts, err := NewHostSet(p.Hosts)
+		hosts, err := policy.NewHostSet(p.Hosts)
 		if err != nil {
 			return budgetRules{}, fmt.Errorf("llm.providers: %w", err)
 		}
@@ -77,7 +77,7 @@ func compileBudgetRules(pol policy.Policy) (budgetRules, error) {
 func (b *budgetRules) tripwireOf(method, host string, u *url.URL) string {
 	for i := range b.tripwires {
 		tw := &b.tripwires[i]
-		if len(tw.hosts.exact) > 0 || len(tw.hosts.suffixes) > 0 {
+		if tw.hosts.Len() > 0 {
 			if !tw.hosts.Match(host) {
 				continue
 			}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,6 +18,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // CA is the certificate authority the proxy signs intercepted hosts with.
@@ -203,31 +206,92 @@ func writeFileSync(path string, data []byte, mode os.FileMode) error {
 	return f.Close()
 }
 
-// CertCache keeps one minted leaf per host until it expires, so a worker
+// DefaultCertCacheSize is how many leaves a CertCache keeps when its Size
+// is zero: one per host an agent names, and an agent may name any number.
+const DefaultCertCacheSize = 4096
+
+// leafRenewBefore is how long before its expiry a cached leaf is minted
+// anew, so that no handshake is answered with a leaf about to lapse.
+const leafRenewBefore = time.Hour
+
+// CertCache keeps the leaves minted for intercepted hosts, so that a worker
 // that opens many tunnels to one host does not cost a key generation each
-// time. It is goproxy's CertStore for every intercepting proxy here (the
-// benchmark's baseline uses it too, so both mint alike). The zero value is
-// ready.
+// time: the Size most recently used, each until an hour before it expires.
+// A miss mints outside the lock, so that one host's mint never waits for
+// another's; misses for the same host at once mint once and share it. A
+// failed mint is not kept. It is goproxy's CertStore for every
+// intercepting proxy here (the benchmark's baseline uses it too, so both
+// mint alike). The zero value is ready.
 type CertCache struct {
-	mu    sync.Mutex
-	certs map[string]*tls.Certificate
+	// Size bounds the leaves kept (DefaultCertCacheSize when zero).
+	Size int
+	// Now is the clock leaves expire by (time.Now when nil).
+	Now func() time.Time
+
+	once    sync.Once
+	leaves  *lru.Cache[string, *tls.Certificate]
+	mu      sync.Mutex
+	minting map[string]*mint
 }
 
+// mint is one host's mint in progress, which misses of the host wait for.
+type mint struct {
+	done chan struct{}
+	cert *tls.Certificate
+	err  error
+}
+
+func (c *CertCache) init() {
+	leaves, err := lru.New[string, *tls.Certificate](cmp.Or(c.Size, DefaultCertCacheSize))
+	if err != nil {
+		panic(err) // only for a negative Size
+	}
+	c.leaves, c.minting = leaves, map[string]*mint{}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Fetch returns host's leaf, minting it with gen when none is kept or the
+// one kept is about to expire.
 func (c *CertCache) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cert, ok := c.certs[host]; ok && cert.Leaf != nil && time.Now().Before(cert.Leaf.NotAfter) {
+	c.once.Do(c.init)
+	if cert, ok := c.fresh(host); ok {
 		return cert, nil
 	}
-	cert, err := gen()
-	if err != nil {
-		return nil, err
+	c.mu.Lock()
+	if m, ok := c.minting[host]; ok {
+		c.mu.Unlock()
+		<-m.done
+		return m.cert, m.err
 	}
-	if c.certs == nil {
-		c.certs = map[string]*tls.Certificate{}
+	// A mint of host may have ended between the look and the lock.
+	if cert, ok := c.fresh(host); ok {
+		c.mu.Unlock()
+		return cert, nil
 	}
-	c.certs[host] = cert
-	return cert, nil
+	m := &mint{done: make(chan struct{})}
+	c.minting[host] = m
+	c.mu.Unlock()
+
+	m.cert, m.err = gen()
+	if m.err == nil {
+		c.leaves.Add(host, m.cert)
+	}
+	c.mu.Lock()
+	delete(c.minting, host)
+	c.mu.Unlock()
+	close(m.done)
+	return m.cert, m.err
+}
+
+// fresh is host's kept leaf, if it has one that is not about to expire.
+func (c *CertCache) fresh(host string) (*tls.Certificate, bool) {
+	cert, ok := c.leaves.Get(host)
+	if !ok || cert.Leaf == nil || !c.Now().Add(leafRenewBefore).Before(cert.Leaf.NotAfter) {
+		return nil, false
+	}
+	return cert, true
 }
 
 // leafLifetime is how long a minted leaf is good for; the cache mints a

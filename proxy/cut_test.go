@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -220,7 +221,7 @@ func TestUnsafeInFlightRequestIsCutAtDrainDeadlineAsUnknown(t *testing.T) {
 	if r.Recorded != "UNKNOWN" || !strings.Contains(r.Message, "drain_timeout") {
 		t.Fatalf("cut at the deadline: %s", body)
 	}
-	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
+	if in := e.intent("d2", r.Intent); in.State != state.IntentUnknown || in.Reason != state.ReasonDrainTimeout {
 		t.Fatalf("intent %+v", in)
 	}
 }
@@ -414,7 +415,14 @@ func held(t *testing.T) (*testkit.Upstream, chan struct{}) {
 // destination without effects as NOT_APPLIED (policy), a read where reads
 // are effects as UNKNOWN — so a run with nothing unknown reaches CANCELLED
 // by itself, with no operator.
+//
+// The rows that name a destination (api.openai.com., API.OpenAI.com) send
+// to a name the proxy resolves to the upstream, under a policy file's
+// `effects: {api.openai.com: none}` read by the policy's parser and applied
+// by the proxy: the entry covers the name written with a trailing dot or in
+// another case (one host-pattern rule, policy.HostSet).
 func TestCutRecordsWhatTheRequestCouldHaveDone(t *testing.T) {
+	const llm = "effects:\n  api.openai.com: none\n"
 	for _, tc := range []struct {
 		name        string
 		method      string
@@ -423,26 +431,41 @@ func TestCutRecordsWhatTheRequestCouldHaveDone(t *testing.T) {
 		want        state.IntentState
 		source      string
 		runStatus   state.Status
+		// dest is the host the request names; policy the policy file.
+		dest, policy string
 	}{
-		{"a GET", "GET", false, false, state.IntentNotApplied, state.SourceSafeMethod, state.StatusCancelled},
-		{"a POST to a destination without effects", "POST", true, false, state.IntentNotApplied, state.SourcePolicy, state.StatusCancelled},
-		{"a GET where reads are effects", "GET", false, true, state.IntentUnknown, "", state.StatusUnknown},
+		{"a GET", "GET", false, false, state.IntentNotApplied, state.SourceSafeMethod, state.StatusCancelled, "", ""},
+		{"a POST to a destination without effects", "POST", true, false, state.IntentNotApplied, state.SourcePolicy, state.StatusCancelled, "", ""},
+		{"a GET where reads are effects", "GET", false, true, state.IntentUnknown, "", state.StatusUnknown, "", ""},
+		{"a POST to api.openai.com. under effects none", "POST", false, false, state.IntentNotApplied, state.SourcePolicy, state.StatusCancelled, "api.openai.com.", llm},
+		{"a POST to API.OpenAI.com under effects none", "POST", false, false, state.IntentNotApplied, state.SourcePolicy, state.StatusCancelled, "API.OpenAI.com", llm},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up, arrived := held(t)
 			host := up.Listener.Addr().String()
-			opts := envOptions{}
+			opts := envOptions{policyYAML: tc.policy}
 			if tc.noEffects {
 				opts.noEffects = []string{host}
 			}
 			if tc.readEffects {
 				opts.readEffects = []string{host}
 			}
+			target := up.URL
+			if tc.dest != "" {
+				_, port, _ := net.SplitHostPort(host)
+				target = "http://" + net.JoinHostPort(tc.dest, port)
+				opts.resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
+					if !strings.EqualFold(strings.TrimSuffix(name, "."), "api.openai.com") {
+						return nil, fmt.Errorf("no such host %s", name)
+					}
+					return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+				}
+			}
 			e := newEnv(t, opts)
 			e.admit("cut")
 			done := make(chan *http.Response, 1)
 			go func() {
-				req, _ := http.NewRequest(tc.method, up.URL+"/held", strings.NewReader(""))
+				req, _ := http.NewRequest(tc.method, target+"/held", strings.NewReader(""))
 				resp, err := e.client("cut", 1).Do(req)
 				if err != nil {
 					done <- nil
@@ -450,7 +473,11 @@ func TestCutRecordsWhatTheRequestCouldHaveDone(t *testing.T) {
 				}
 				done <- resp
 			}()
-			<-arrived
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request never reached the upstream")
+			}
 			// A short drain: the request where reads are effects waits for
 			// it, then the deadline cuts it.
 			e.cancel("cut", 300*time.Millisecond)
@@ -528,7 +555,7 @@ func TestStreamToDestinationWithoutEffectsIsCutAtTheCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, "run_cancelled") {
+			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, state.ReasonRunCancelled) {
 				return true
 			}
 		}
@@ -638,7 +665,7 @@ func TestStreamedAnswerOfAnEffectDrains(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, ev := range evs {
-					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, "drain_timeout") {
+					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, state.ReasonDrainTimeout) {
 						return true
 					}
 				}

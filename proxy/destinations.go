@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/refusal"
@@ -47,9 +46,9 @@ type destinations struct {
 	protectedPorts map[uint16]string
 	protectedNames map[string]string // a store named by a host name, by "host:port"
 	local          map[netip.Addr]bool
-	allowHosts     HostSet
-	denyHosts      HostSet
-	reportHosts    HostSet
+	allowHosts     policy.HostSet
+	denyHosts      policy.HostSet
+	reportHosts    policy.HostSet
 	allowNets      []policy.DestinationRule
 	denyNets       []policy.DestinationRule
 	reportNets     []policy.DestinationRule
@@ -154,10 +153,10 @@ func newDestinations(ctx context.Context, rules destinationRules) (*destinations
 	return d, nil
 }
 
-func (d *destinations) rules(list []string) (HostSet, []policy.DestinationRule, error) {
+func (d *destinations) rules(list []string) (policy.HostSet, []policy.DestinationRule, error) {
 	rules, err := policy.ParseDestinationRules(list)
 	if err != nil {
-		return HostSet{}, nil, err
+		return policy.HostSet{}, nil, err
 	}
 	var hosts []string
 	var nets []policy.DestinationRule
@@ -168,7 +167,7 @@ func (d *destinations) rules(list []string) (HostSet, []policy.DestinationRule, 
 			nets = append(nets, r)
 		}
 	}
-	set, err := NewHostSet(hosts)
+	set, err := policy.NewHostSet(hosts)
 	return set, nets, err
 }
 
@@ -190,7 +189,7 @@ func (d *destinations) protect(ctx context.Context, p Protected) error {
 	} else if host == "" {
 		addrs = []netip.Addr{netip.IPv6Unspecified()}
 	} else {
-		d.protectedNames[net.JoinHostPort(normalName(host), portStr)] = what
+		d.protectedNames[net.JoinHostPort(policy.NormalName(host), portStr)] = what
 		if addrs, err = d.resolve(ctx, host); err != nil {
 			return fmt.Errorf("protected address %q (%s): %w", p.Addr, p.What, err)
 		}
@@ -223,7 +222,7 @@ func (d *destinations) check(ctx context.Context, hostport string, t *target) er
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
-		name := net.JoinHostPort(normalName(host), portStr)
+		name := net.JoinHostPort(policy.NormalName(host), portStr)
 		if what, ok := d.protectedNames[name]; ok {
 			return denied(hostport, what)
 		}
@@ -361,9 +360,6 @@ func embeddedIPv4(a netip.Addr) (netip.Addr, bool) {
 func denied(hostport, why string) *refusal.Refusal {
 	return refusal.New(refusal.DestinationDenied, "destination %s is not allowed: %s; nothing was sent", hostport, why)
 }
-
-// normalName is a host name as rules compare it: lower case, no trailing dot.
-func normalName(host string) string { return strings.TrimSuffix(strings.ToLower(host), ".") }
 
 func prefixes(list ...string) []netip.Prefix {
 	out := make([]netip.Prefix, len(list))

@@ -251,22 +251,22 @@ func cutReason(f *flow, run state.Run, now time.Time) string {
 		return ""
 	}
 	if run.Over() {
-		return "run_" + string(run.Status)
+		return state.ReasonRunOver(run.Status)
 	}
 	_, noEffect := f.withoutEffect()
 	switch {
 	case f.allowCancelling:
 		return ""
 	case f.tunnel:
-		return "run_cancelled: pass-through tunnel"
+		return state.ReasonRunCancelled + ": pass-through tunnel"
 	case f.streaming.Load():
-		return "run_cancelled: upgraded connection"
+		return state.ReasonRunCancelled + ": upgraded connection"
 	case noEffect && f.effects == effectsNone:
-		return "run_cancelled: destination without effects"
+		return state.ReasonRunCancelled + ": destination without effects"
 	case noEffect:
-		return "run_cancelled: safe request"
+		return state.ReasonRunCancelled + ": safe request"
 	case !draining:
-		return "drain_timeout"
+		return state.ReasonDrainTimeout
 	}
 	return ""
 }

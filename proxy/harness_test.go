@@ -78,6 +78,10 @@ type envOptions struct {
 	// policy, if set, gives the rules its budgets, LLM APIs and
 	// tripwires (RulesOf), with the allows above.
 	policy *policy.Policy
+	// policyYAML, if set, is a policy document whose rules the proxy
+	// applies as serve does (policy.Parse, then proxy.RulesOf), in place of
+	// the lists above.
+	policyYAML string
 }
 
 // testUpstreams is the one allow the tests need: their upstreams listen on
@@ -94,19 +98,19 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pass, err := proxy.NewHostSet(opts.passThrough)
+	pass, err := policy.NewHostSet(opts.passThrough)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deliv, err := proxy.NewHostSet(opts.delivery)
+	deliv, err := policy.NewHostSet(opts.delivery)
 	if err != nil {
 		t.Fatal(err)
 	}
-	none, err := proxy.NewHostSet(opts.noEffects)
+	none, err := policy.NewHostSet(opts.noEffects)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads, err := proxy.NewHostSet(opts.readEffects)
+	reads, err := policy.NewHostSet(opts.readEffects)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +139,13 @@ func newEnv(t testing.TB, opts envOptions) *env {
 	rules := proxy.Rules{
 		PassThrough: pass, Delivery: deliv, NoEffects: none, ReadEffects: reads,
 		AllowDest: allow, DenyDest: opts.denyDest, ReportDest: opts.reportDest, DefaultDest: opts.defaultDest,
+	}
+	if opts.policyYAML != "" {
+		pol, err := policy.Parse([]byte(opts.policyYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.policy = &pol
 	}
 	if opts.policy != nil {
 		if rules, err = proxy.RulesOf(*opts.policy, allow); err != nil {

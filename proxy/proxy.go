@@ -148,13 +148,17 @@ func UpstreamTransport(dial func(ctx context.Context, network, addr string) (net
 	}
 }
 
+// DefaultMaxBody is the largest request body the proxy takes when none is
+// set: a body is spooled whole before its guard, so the bound is disk.
+const DefaultMaxBody = 256 << 20
+
 // New builds a proxy from cfg and registers its open flows with the watcher.
 func New(cfg Config) (*Proxy, error) {
 	if cfg.Ledger == nil || cfg.Watcher == nil {
 		return nil, errors.New("proxy: a ledger and a run watcher are required")
 	}
 	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 256 << 20
+		cfg.MaxBody = DefaultMaxBody
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second

@@ -198,7 +198,7 @@ func (p *Proxy) handleRequest(req *http.Request, pctx *goproxy.ProxyCtx) (*http.
 			greq.Key = intents.DerivedKey(id.run, req.Method, rawURL, "")
 		}
 	}
-	greq.Target = recordedTarget(req.URL, rawURL)
+	greq.Target = intents.RecordedTarget(req.URL, rawURL)
 	if greq.AutoAdmit {
 		greq.Budget = ex.rules.autoBudget(id.run)
 	}
@@ -283,16 +283,10 @@ func idempotencyKey(h http.Header) (string, bool, *refusal.Refusal) {
 	}
 	key := values[0]
 	if err := state.ValidateKey(key); err != nil {
-		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %v; nothing was sent", err)
+		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %s; nothing was sent", state.Why(err))
 	}
-	// The control API keys queue claims "claim:<step>" and scheduled
-	// retries "retry:<step>:<n>": an agent's request under one of these
-	// would overwrite that record.
-	for _, prefix := range [...]string{"claim:", "retry:"} {
-		if strings.HasPrefix(strings.ToLower(key), prefix) {
-			return "", false, refusal.New(refusal.InvalidRequest,
-				"Idempotency-Key %q starts with %q, which stopgate reserves for queue claims and retries of the control API; nothing was sent", key, prefix)
-		}
+	if err := state.CheckUnreserved(key); err != nil {
+		return "", false, refusal.Wrap(err, refusal.InvalidRequest, "Idempotency-Key: %s; nothing was sent", state.Why(err))
 	}
 	return key, true, nil
 }
@@ -700,30 +694,4 @@ func closeBody(b *spooledBody) {
 	if b != nil {
 		_ = b.Close()
 	}
-}
-
-// recordedTarget is the URL kept in the ledger: without credentials or
-// query, which often carry secrets; the derived key still covers the query.
-// whole is u.String() when the caller has written it out ("" when not):
-// with nothing to leave out, it is the record as it is, and with a query
-// alone to leave out, the record is its start.
-func recordedTarget(u *url.URL, whole string) string {
-	if u.User == nil && u.RawQuery == "" && u.Fragment == "" {
-		if whole == "" {
-			whole = u.String()
-		}
-		return state.Clip(whole, state.MaxTargetLen)
-	}
-	if u.User == nil && u.Fragment == "" && whole != "" {
-		// u.String() ends with "?" and the raw query when it has no
-		// fragment.
-		if n := len(whole) - len(u.RawQuery) - 1; n >= 0 && whole[n] == '?' && whole[n+1:] == u.RawQuery {
-			return state.Clip(whole[:n], state.MaxTargetLen)
-		}
-	}
-	c := *u
-	c.User = nil
-	c.RawQuery = ""
-	c.Fragment = ""
-	return state.Clip(c.String(), state.MaxTargetLen)
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 
+	lru "github.com/hashicorp/golang-lru/v2"
+
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/telemetry"
@@ -20,39 +22,39 @@ import (
 // the request before the body; the guard still decides, on the row as it
 // is in the store. A run never returns to ACTIVE and its cancel_version
 // never goes down, so a row that refused a request once refuses it later.
+//
+// The memory is bounded: past max runs the one least recently learned or
+// asked about is forgotten (a run forgotten is only guarded after its body
+// again, as one never seen).
 type seenRows struct {
+	// mu makes learn's read and write of one run one step: two rows of a
+	// run learned at once keep the later version.
 	mu   sync.Mutex
-	max  int
-	rows map[string]state.Run
+	rows *lru.Cache[string, state.Run]
 }
 
-func newSeenRows(max int) *seenRows { return &seenRows{max: max, rows: map[string]state.Run{}} }
+func newSeenRows(max int) *seenRows {
+	rows, err := lru.New[string, state.Run](max)
+	if err != nil {
+		panic(err) // only for a size below 1
+	}
+	return &seenRows{rows: rows}
+}
 
-// learn keeps row if the run is no longer ACTIVE; the oldest knowledge is
-// not worth more than any other, so a full memory forgets one at random.
+// learn keeps row if the run is no longer ACTIVE, unless a later version
+// of it is kept already.
 func (s *seenRows) learn(row state.Run) {
 	if row.ID == "" || row.Status == state.StatusActive {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.rows[row.ID]; !ok && len(s.rows) >= s.max {
-		for id := range s.rows {
-			delete(s.rows, id)
-			break
-		}
-	}
-	if old, ok := s.rows[row.ID]; !ok || old.CancelVersion <= row.CancelVersion {
-		s.rows[row.ID] = row
+	if old, ok := s.rows.Peek(row.ID); !ok || old.CancelVersion <= row.CancelVersion {
+		s.rows.Add(row.ID, row)
 	}
 }
 
-func (s *seenRows) get(run string) (state.Run, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	row, ok := s.rows[run]
-	return row, ok
-}
+func (s *seenRows) get(run string) (state.Run, bool) { return s.rows.Get(run) }
 
 // refuses predicts whether the guard refuses an effect of row's run that
 // observed version (0: none) — the guard's own rule, used only to decide

@@ -15,16 +15,16 @@ import (
 // admitted as, nor cuts it.
 type Rules struct {
 	// PassThrough hosts are tunnelled unseen: one intent per tunnel.
-	PassThrough HostSet
+	PassThrough policy.HostSet
 	// Delivery hosts may still be reached by a CANCELLING run.
-	Delivery HostSet
+	Delivery policy.HostSet
 	// NoEffects are destinations whose requests have no external effect
 	// (an LLM inference API): at the cancel, their requests in flight are
 	// cut at once, streams included, and recorded NOT_APPLIED (policy).
-	NoEffects HostSet
+	NoEffects policy.HostSet
 	// ReadEffects are destinations whose reads have effects too: a safe
 	// method there drains like a write, and a cut one is UNKNOWN.
-	ReadEffects HostSet
+	ReadEffects policy.HostSet
 
 	// AllowDest, DenyDest and ReportDest are the operator's destination
 	// rules (policy.ParseDestinationRule): --allow-dest and the policy's
@@ -47,14 +47,14 @@ func RulesOf(pol policy.Policy, allow []string) (Rules, error) {
 	for _, s := range []struct {
 		field string
 		hosts []string
-		into  *HostSet
+		into  *policy.HostSet
 	}{
 		{"pass_through", pol.PassThrough, &r.PassThrough},
 		{"delivery", pol.Delivery, &r.Delivery},
 		{"effects", pol.HostsWith(policy.EffectsNone), &r.NoEffects},
 		{"effects", pol.HostsWith(policy.EffectsAll), &r.ReadEffects},
 	} {
-		if *s.into, err = NewHostSet(s.hosts); err != nil {
+		if *s.into, err = policy.NewHostSet(s.hosts); err != nil {
 			return Rules{}, fmt.Errorf("%s: %w", s.field, err)
 		}
 	}

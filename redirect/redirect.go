@@ -29,6 +29,20 @@ import (
 	"strings"
 )
 
+// MaxUID is the largest user id a rule can name: uids are 32 bits, and
+// 2^32-1 is (uid_t)-1, "no user", which the kernel never gives a process.
+const MaxUID = 1<<32 - 2
+
+// CheckUID says what is wrong with uid as a user id to redirect ("" when
+// nothing is), in words every edge that takes one (a flag, the control
+// API) can lead with its own name of it.
+func CheckUID(uid int64) string {
+	if uid < 0 || uid > MaxUID {
+		return fmt.Sprintf("uid %d: want 0 to %d", uid, int64(MaxUID))
+	}
+	return ""
+}
+
 // Rules put one uid behind one port.
 type Rules struct {
 	UID uint32

@@ -22,6 +22,7 @@ import (
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/runwatch"
@@ -59,7 +60,7 @@ func newEdges(t *testing.T, autoAdmit bool) *edges {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pass, err := proxy.NewHostSet([]string{"*" + passThroughSuffix})
+	pass, err := policy.NewHostSet([]string{"*" + passThroughSuffix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,5 +350,126 @@ func TestRunNotAdmittedIsTheSameEverywhere(t *testing.T) {
 	wantHTTP(t, "control", refusal.RunNotAdmitted, e.viaControl(t, "POST", "/v1/runs/ghost/claims", `{"step_id":"s"}`))
 	if n := e.up.Hits.Load(); n != 0 {
 		t.Errorf("the upstream saw %d requests", n)
+	}
+}
+
+// TestReservedKeysAreRefusedTheSameByProxyAndControl: the keys of queue
+// claims and retries are stopgate's, in any case, on both edges that take a
+// key from their caller (the proxy's Idempotency-Key, the control API's
+// generic intents), with the one sentence package state words; nothing is
+// recorded and nothing reaches the upstream.
+func TestReservedKeysAreRefusedTheSameByProxyAndControl(t *testing.T) {
+	e := newEdges(t, true)
+	if _, err := e.store.Admit(context.Background(), state.AdmitRequest{RunID: "r", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"claim:x", "CLAIM:x", "Retry:s:2", "rEtRy:"} {
+		rule := state.CheckUnreserved(key)
+		if rule == nil {
+			t.Fatalf("state.CheckUnreserved(%q) = nil: the rule this test holds the edges to is gone", key)
+		}
+		why := state.Why(rule)
+		for edge, a := range map[string]answer{
+			"proxy":   e.viaProxy(t, "POST", basic("r", ""), http.Header{"Idempotency-Key": {key}}, "x"),
+			"control": e.viaControl(t, "POST", "/v1/runs/r/intents", `{"key":"`+key+`"}`),
+		} {
+			wantHTTP(t, edge, refusal.InvalidRequest, a)
+			if !strings.Contains(a.body.Message, why) {
+				t.Errorf("%s: key %q refused with %q, want the rule's words %q", edge, key, a.body.Message, why)
+			}
+		}
+	}
+	for _, key := range []string{"claimx", "my-claim:x", "retry"} {
+		if err := state.CheckUnreserved(key); err != nil {
+			t.Errorf("state.CheckUnreserved(%q) = %v: only the prefixes themselves are reserved", key, err)
+		}
+	}
+	if n := e.up.Hits.Load(); n != 0 {
+		t.Errorf("the upstream saw %d requests under reserved keys, want none", n)
+	}
+	ins, err := e.store.Intents(context.Background(), "r")
+	if err != nil || len(ins) != 0 {
+		t.Errorf("intents recorded under reserved keys: %+v %v", ins, err)
+	}
+}
+
+// TestJSONAnswersHaveOneShapeOfHeaders: a JSON answer of the control API,
+// one of the browser guard's discovery endpoints and a refusal carry the
+// same headers (one writer, refusal.WriteJSON, behind all of them).
+func TestJSONAnswersHaveOneShapeOfHeaders(t *testing.T) {
+	e := newEdges(t, true)
+	if _, err := e.store.Admit(context.Background(), state.AdmitRequest{RunID: "j", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ws := e.launch(t, "j")
+	version := strings.Replace(ws[:strings.Index(ws, "/devtools/")], "ws://", "http://", 1) + "/json/version"
+	get := func(url string) *http.Response {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	answers := map[string]*http.Response{
+		"control /healthz":              get(e.control.URL + "/healthz"),
+		"browser guard /json/version":   get(version),
+		"control refusal (no such run)": get(e.control.URL + "/v1/runs/nobody"),
+	}
+	for name, resp := range answers {
+		if name != "control refusal (no such run)" && resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", name, resp.StatusCode)
+		}
+		for _, h := range []string{"Content-Type", "Cache-Control", "X-Content-Type-Options"} {
+			if got, want := resp.Header.Get(h), answers["control /healthz"].Header.Get(h); got != want || got == "" {
+				t.Errorf("%s: %s %q, the control API's %q", name, h, got, want)
+			}
+		}
+	}
+}
+
+// TestProxyAndBrowserRecordTheSameTarget: a request through the egress
+// proxy and a navigation of the guarded browser to the same URL are
+// recorded under the same target (intents.RecordedTarget): where they
+// went, without the query's secret.
+func TestProxyAndBrowserRecordTheSameTarget(t *testing.T) {
+	e := newEdges(t, true)
+	ctx := context.Background()
+	if _, err := e.store.Admit(ctx, state.AdmitRequest{RunID: "t", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	target := e.up.URL + "/page?token=s3cret"
+	req, err := http.NewRequest("GET", target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Proxy-Authorization", basic("t", ""))
+	pu, _ := url.Parse(e.proxy.URL)
+	resp, err := (&http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	browser, err := cdp(t, e.launch(t, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := navigate(browser, target); err != nil {
+		t.Fatal(err)
+	}
+	ins, err := e.store.Intents(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byBoundary := map[state.Boundary]string{}
+	for _, in := range ins {
+		if in.Boundary == state.BoundaryHTTP || in.Boundary == state.BoundaryBrowser && strings.HasPrefix(in.Target, "http") {
+			byBoundary[in.Boundary] = in.Target
+		}
+	}
+	want := e.up.URL + "/page"
+	if byBoundary[state.BoundaryHTTP] != want || byBoundary[state.BoundaryBrowser] != want {
+		t.Fatalf("recorded targets %v, want %s for both the proxy's request and the browser's navigation", byBoundary, want)
 	}
 }

@@ -118,9 +118,7 @@ func (r *Refusal) encode(sdk bool) []byte {
 
 // headers sets what every HTTP rendering of a refusal carries.
 func (r *Refusal) headers(h http.Header) {
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
+	jsonHeaders(h)
 	h.Set(Header, string(r.Code))
 	if !r.Code.Retryable() {
 		h.Set(ShouldRetryHeader, "false")
@@ -132,6 +130,30 @@ func (r *Refusal) headers(h http.Header) {
 		// A 407 without it is not one a client can answer.
 		h.Set("Proxy-Authenticate", `Basic realm="stopgate: user = run id, password = cancel version or run token"`)
 	}
+}
+
+// jsonHeaders are the headers of every JSON answer of stopgate's HTTP
+// edges: nothing caches an answer about a run, nothing sniffs one.
+func jsonHeaders(h http.Header) {
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+}
+
+// WriteJSON answers w with status and body as JSON, with the headers of a
+// refusal less its reason: the one way an HTTP edge of stopgate (the
+// control API, the browser guard's discovery endpoints) answers in JSON. A
+// body that does not encode is a bug, answered as an Internal refusal.
+func WriteJSON(w http.ResponseWriter, status int, body any) {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(body); err != nil {
+		Wrap(err, Internal, "encoding the answer failed: %v", err).WriteHTTP(w)
+		return
+	}
+	jsonHeaders(w.Header())
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
 }
 
 // WriteHTTP answers w with the refusal: its status, its headers and its

@@ -64,10 +64,15 @@ type Watcher struct {
 	deadlines map[string]*time.Timer
 }
 
+// DefaultInterval is the time between re-reads of the rows of runs with
+// open connections when none is set: a cancel whose message was lost is
+// seen within it.
+const DefaultInterval = 2 * time.Second
+
 // New returns a watcher on store.
 func New(store state.Store, opts Options) *Watcher {
 	if opts.Interval <= 0 {
-		opts.Interval = 2 * time.Second
+		opts.Interval = DefaultInterval
 	}
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = state.DefaultTimeout

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -218,7 +219,29 @@ const (
 	ReasonLeaseExpired = "lease_expired"
 	ReasonRunCancelled = "run_cancelled"
 	ReasonLateResponse = "late_response"
+	// ReasonShutdown: an effect cut because its stopgate instance shut down.
+	ReasonShutdown = "stopgate_shutdown"
 )
+
+// ReasonRunOver is the reason of an effect cut because its run is over:
+// run_CANCELLED, run_COMPLETED, run_UNKNOWN.
+func ReasonRunOver(s Status) string { return "run_" + string(s) }
+
+// CutBy reports whether an outcome's or a note's reason says stopgate cut
+// the effect (the reason may lead with the outcome's source and follow
+// with a detail: "policy: run_cancelled: safe request").
+func CutBy(reason string) bool {
+	cut := []string{ReasonRunCancelled, ReasonDrainTimeout, ReasonShutdown}
+	for _, s := range []Status{StatusCancelled, StatusCompleted, StatusUnknown} {
+		cut = append(cut, ReasonRunOver(s))
+	}
+	for _, c := range cut {
+		if strings.Contains(reason, c) {
+			return true
+		}
+	}
+	return false
+}
 
 // Refusal reasons the guard returns.
 const (
@@ -612,6 +635,17 @@ var (
 	ErrUnavailable = errors.New("store unavailable")
 )
 
+// Why is what an ErrInvalid error says was wrong, without the words that
+// say it is one ("invalid request: "): for an edge that names the bad input
+// itself, a flag or a form field. Any other error is its whole message.
+func Why(err error) string {
+	msg := err.Error()
+	if errors.Is(err, ErrInvalid) {
+		return strings.TrimPrefix(msg, ErrInvalid.Error()+": ")
+	}
+	return msg
+}
+
 // ErrInconsistent is a store that knows it has lost writes it once
 // acknowledged (emptied, rolled back, a row gone), so that a cancel it held
 // may be gone too and no admission can be trusted. It wraps ErrUnavailable:
@@ -681,6 +715,36 @@ func ValidateRunID(id string) error {
 	// address another endpoint (/v1/runs/.. is /v1), so no run may have them.
 	if dots == len(id) {
 		return fmt.Errorf("%w: run id %q is only dots, which URL paths read as . or ..; use a letter or digit", ErrInvalid, id)
+	}
+	return nil
+}
+
+// The control API keys its queue claims and scheduled retries under these
+// prefixes. No other effect may take a key under them, in any case (stores
+// and readers compare keys as written, an operator reads them without
+// case), so that an effect reported elsewhere can never block, or stand in
+// for, a claim or a retry.
+const (
+	ClaimKeyPrefix = "claim:"
+	RetryKeyPrefix = "retry:"
+)
+
+// ClaimKey is the intent key of the queue claim of step.
+func ClaimKey(step string) string { return ClaimKeyPrefix + step }
+
+// RetryKey is the intent key of the retry of step at attempt.
+func RetryKey(step string, attempt int) string {
+	return RetryKeyPrefix + step + ":" + strconv.Itoa(attempt)
+}
+
+// CheckUnreserved refuses a key that only the control API's claims and
+// retries may take (ErrInvalid): every other edge that takes a key from its
+// caller asks it.
+func CheckUnreserved(key string) error {
+	for _, prefix := range [...]string{ClaimKeyPrefix, RetryKeyPrefix} {
+		if len(key) >= len(prefix) && strings.EqualFold(key[:len(prefix)], prefix) {
+			return fmt.Errorf("%w: key %q starts with %q, which stopgate reserves for the queue claims and retries of the control API (/claims, /retries)", ErrInvalid, key, key[:len(prefix)])
+		}
 	}
 	return nil
 }

@@ -7,6 +7,23 @@ import (
 	"unicode/utf8"
 )
 
+// MaxDrainTimeout bounds a cancel's drain: a run cancelling for longer is
+// a run nobody is watching; an effect that needs longer must be reconciled.
+const MaxDrainTimeout = 7 * 24 * time.Hour
+
+// CheckDrainTimeout says what is wrong with d as a cancel's drain
+// (ErrInvalid): negative, or longer than MaxDrainTimeout. Zero is the
+// caller's default.
+func CheckDrainTimeout(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: drain timeout %s is negative", ErrInvalid, d)
+	}
+	if d > MaxDrainTimeout {
+		return fmt.Errorf("%w: drain timeout %s is longer than 7 days", ErrInvalid, d)
+	}
+	return nil
+}
+
 // Validation is shared by both stores so that bad input gets the same
 // answer whichever store is behind it.
 
@@ -36,11 +53,8 @@ func (r CancelRequest) Validate() error {
 	if err := ValidateRunID(r.RunID); err != nil {
 		return err
 	}
-	if r.DrainTimeout < 0 {
-		return fmt.Errorf("%w: drain timeout %s is negative", ErrInvalid, r.DrainTimeout)
-	}
-	if r.DrainTimeout > 7*24*time.Hour {
-		return fmt.Errorf("%w: drain timeout %s is longer than 7 days", ErrInvalid, r.DrainTimeout)
+	if err := CheckDrainTimeout(r.DrainTimeout); err != nil {
+		return err
 	}
 	if err := validateText("actor", r.Actor); err != nil {
 		return err

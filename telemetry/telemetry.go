@@ -133,10 +133,10 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	level := slog.LevelInfo
 	if d.Result == Admitted || d.Result == Finished && d.Recorded == state.IntentResponded {
 		// The ordinary path of an effect (admitted, answered) is in the
-		// run's audit log and the counters; a line for each at info was a
-		// tenth of the proxy's CPU per request and told an operator
-		// nothing to act on. An effect that ended otherwise (not sent,
-		// UNKNOWN) keeps its line.
+		// run's audit log and the counters; a line for each at info cost
+		// CPU on every request (docs/bench.md, "Figures behind code kept
+		// for speed") and told an operator nothing to act on. An effect
+		// that ended otherwise (not sent, UNKNOWN) keeps its line.
 		level = slog.LevelDebug
 	}
 	if d.Detail != "" || d.Reason == string(refusal.StoreUnavailable) || d.Reason == string(refusal.Internal) {

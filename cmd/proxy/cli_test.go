@@ -171,7 +171,7 @@ func TestServeConfig(t *testing.T) {
 	}{
 		{[]string{"--drain-timeout", "soon"}, nil, "-drain-timeout: want a duration"},
 		{nil, map[string]string{"STOPGATE_DRAIN_TIMEOUT": "soon"}, "STOPGATE_DRAIN_TIMEOUT=\"soon\": want a duration"},
-		{[]string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: -1s is negative"},
+		{[]string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: drain timeout -1s is negative"},
 		{nil, map[string]string{"STOPGATE_AUTO_ADMIT": "maybe"}, "STOPGATE_AUTO_ADMIT=\"maybe\": want true or false"},
 		{[]string{"--control-addr", "localhost"}, nil, "--control-addr: \"localhost\": want host:port"},
 		{nil, map[string]string{"STOPGATE_PROXY_ADDR": "127.0.0.1:http"}, "STOPGATE_PROXY_ADDR: \"127.0.0.1:http\": port"},
@@ -186,9 +186,9 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--browser-isolation", "none", "--require-run-token"}, nil, "--browser-isolation: none leaves each browser's egress listener open to every local process"},
 		{[]string{"--browser-uid", "0"}, nil, "--browser-uid: 0: want a uid other than root's"},
 		{nil, map[string]string{"STOPGATE_BROWSER_UPLOAD_DIR": "/nonexistent/uploads"}, "STOPGATE_BROWSER_UPLOAD_DIR: /nonexistent/uploads is not a directory"},
-		{[]string{"--store", "postgres://db/x"}, nil, "--store: scheme \"postgres\""},
-		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: localhost:6379 has no scheme"},
-		{[]string{"--store", "redis://:hunter2@/0"}, nil, "has no host"},
+		{[]string{"--store", "postgres://db/x"}, nil, "--store: store URL \"postgres://db/x\": unknown scheme \"postgres\""},
+		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: store URL \"localhost:6379\": no scheme"},
+		{[]string{"--store", "redis://:hunter2@/0"}, nil, "no host: want redis://HOST:PORT/DB"},
 		{[]string{"--log-level", "loud"}, nil, "-log-level: want debug, info, warn or error"},
 		{[]string{"--run", "has space"}, nil, "--run: run id \"has space\""},
 		{[]string{"--config", "/nonexistent/policy.yaml"}, nil, "--config"},
@@ -226,7 +226,7 @@ func TestServeConfig(t *testing.T) {
 		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", "/nonexistent/pw"}, nil, "--store-password-file: open /nonexistent/pw"},
 		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", emptyFile}, nil, "--store-password-file: the secret in"},
 		{[]string{"--store-password-file", tokenFile}, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "--store-password-file and STOPGATE_STORE_PASSWORD are both set"},
-		{[]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, map[string]string{"STOPGATE_STORE_PASSWORD": "other-pw"}, "--store: store URL \"redis://:xxxxx@127.0.0.1:6379/0\": it has a password"},
+		{[]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, map[string]string{"STOPGATE_STORE_PASSWORD": "other-pw"}, "--store: store URL \"redis://:xxxxx@127.0.0.1:6379/0\" has a password"},
 		{nil, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "STOPGATE_STORE_PASSWORD: a store password needs a Redis store URL"},
 	}
 	for _, tc := range bad {

@@ -14,9 +14,12 @@ import (
 
 	"github.com/stopgate/stopgate/browserguard"
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/intents"
 	"github.com/stopgate/stopgate/proxy"
 	"github.com/stopgate/stopgate/runtoken"
+	"github.com/stopgate/stopgate/runwatch"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
 	"github.com/stopgate/stopgate/state/stores"
 )
 
@@ -163,7 +166,7 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.StringVar(&cfg.BrowserUploadDir, "browser-upload-dir", "", "`directory` whose RUN subdirectory run RUN's pages may be given files from (DOM.setFileInputFiles, dropped files); empty: files are never given to pages")
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[[USER]:PASSWORD@]HOST:PORT/DB, rediss://..., redis-sentinel://H:P[,H:P]/DB?master=NAME, redis-cluster://H:P[,H:P]; empty: the embedded store in --data-dir")
 	fs.StringVar(&cfg.StorePasswordFile, "store-password-file", "", "`file` holding the Redis password, for any --store URL form (or STOPGATE_STORE_PASSWORD; never in --store on a command line, where ps shows it)")
-	fs.StringVar(&cfg.DataDir, "data-dir", "./stopgate-data", "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
+	fs.StringVar(&cfg.DataDir, "data-dir", control.DefaultDataDir, "directory of the embedded store ("+stores.EmbeddedFile+"), the CA and the operator token")
 	fs.StringVar(&cfg.Config, "config", "", "YAML policy file (optional)")
 	fs.StringVar(&cfg.Run, "run", "", "static run id for requests that name none")
 	fs.Var(boolValue{&cfg.RequireDurable}, "require-durable", "refuse to start unless the store persists every write before acknowledging it")
@@ -181,18 +184,18 @@ func newServeFlags() (*flag.FlagSet, *serveConfig) {
 	fs.Var(boolValue{&cfg.AccessLog}, "access-log", "log one line per proxied request at info (msg=access): run, method, host, intent, recorded state, status, bytes each way, upstream latency, duration")
 	fs.StringVar(&cfg.ReadyFile, "ready-file", "", "file to write, once every listener is up, their bound addresses as JSON (proxy, control, browser, metrics, transparent): with port 0 for a listener, how a caller learns the port; empty: none")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "listen address (host:port) of a listener that serves /metrics and nothing else, for a scraper that must not reach the control API; empty: /metrics is on the control API only")
-	cfg.LeaseTTL = 15 * time.Second
+	cfg.LeaseTTL = intents.DefaultLeaseTTL
 	fs.Var(durationValue{&cfg.LeaseTTL}, "lease-ttl", "`duration` an in-flight effect stays leased to this instance without renewal")
 	cfg.StoreTimeout = state.DefaultTimeout
 	fs.Var(durationValue{&cfg.StoreTimeout}, "store-timeout", "`duration` a store call may take before the proxy fails closed with 503")
-	cfg.RecheckInterval = 2 * time.Second
+	cfg.RecheckInterval = runwatch.DefaultInterval
 	fs.Var(durationValue{&cfg.RecheckInterval}, "recheck-interval", "`duration` between re-reads of the rows of runs with open connections")
-	cfg.SweepInterval = time.Second
+	cfg.SweepInterval = intents.DefaultSweepInterval
 	fs.Var(durationValue{&cfg.SweepInterval}, "sweep-interval", "`duration` between ticks of live runs (lease expiry, drain deadlines)")
 	fs.IntVar(&cfg.CancelReplicas, "cancel-replicas", 0, "with a Redis store: a cancel is acknowledged only once this many replicas have it (Redis WAIT), so a failover cannot lose it; 0: the primary's word (docs/durability.md)")
 	cfg.Retention = 7 * 24 * time.Hour
 	fs.Var(durationValue{&cfg.Retention}, "retention", "`duration` the intents and events of a finished (CANCELLED, COMPLETED) run are kept; 0 keeps them forever; the run rows always stay")
-	fs.Int64Var(&cfg.MaxBody, "max-body", 256<<20, "largest proxied request body, in bytes; larger ones get 413")
+	fs.Int64Var(&cfg.MaxBody, "max-body", proxy.DefaultMaxBody, "largest proxied request body, in bytes; larger ones get 413")
 	fs.StringVar(&cfg.SpoolDir, "spool-dir", "", "directory for large request bodies while they are digested (default: the system temp dir)")
 	fs.StringVar(&cfg.RunTokenSecret, "run-token-secret", "", "`secret` (32 bytes or more) that signs run tokens, the workers' credentials for the proxy and the control API (visible in ps: prefer --run-token-secret-file); default: "+control.RunTokenSecretFile+" in --data-dir, created on the first start. A fleet shares one")
 	fs.StringVar(&cfg.RunTokenSecretFile, "run-token-secret-file", "", "`file` holding the secret that signs run tokens")
@@ -241,7 +244,7 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 			onCommandLine = append(onCommandLine, "--"+name)
 		}
 	}
-	if source["store"] != "" && stores.HasSecret(cfg.Store) {
+	if source["store"] != "" && redisstore.HasSecret(cfg.Store) {
 		onCommandLine = append(onCommandLine, "--store")
 	}
 	cfg.SecretsOnCommandLine = strings.Join(onCommandLine, ",")
@@ -364,7 +367,7 @@ func (c *serveConfig) checkStore(bad badFlag) error {
 		case c.Store == "":
 			name = "data-dir"
 		}
-		return bad(name, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return bad(name, "%s", state.Why(err))
 	}
 	if c.Retention < 0 {
 		return bad("retention", "%s is negative; 0 keeps everything", c.Retention)
@@ -403,7 +406,7 @@ func (c *serveConfig) checkFiles(bad badFlag) error {
 	}
 	if c.Run != "" {
 		if err := state.ValidateRunID(c.Run); err != nil {
-			return bad("run", "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+			return bad("run", "%s", state.Why(err))
 		}
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
@@ -430,11 +433,8 @@ func (c *serveConfig) checkDurations(bad badFlag) error {
 	if c.BrowserLinger < 0 {
 		return bad("browser-linger", "%s is negative", c.BrowserLinger)
 	}
-	if c.DrainTimeout < 0 {
-		return bad("drain-timeout", "%s is negative", c.DrainTimeout)
-	}
-	if c.DrainTimeout > 7*24*time.Hour {
-		return bad("drain-timeout", "%s is longer than 7 days", c.DrainTimeout)
+	if err := state.CheckDrainTimeout(c.DrainTimeout); err != nil {
+		return bad("drain-timeout", "%s", state.Why(err))
 	}
 	for name, d := range map[string]time.Duration{"lease-ttl": c.LeaseTTL, "store-timeout": c.StoreTimeout, "recheck-interval": c.RecheckInterval,
 		"sweep-interval": c.SweepInterval, "tunnel-handshake-timeout": c.TunnelHandshakeTimeout, "client-idle-timeout": c.ClientIdleTimeout} {

@@ -14,10 +14,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -34,7 +32,7 @@ import (
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
-	"github.com/stopgate/stopgate/state/stores"
+	"github.com/stopgate/stopgate/state/redisstore"
 )
 
 // The tests of deploy/: the files an operator copies must work as shipped.
@@ -528,7 +526,7 @@ func TestDeployAgentPodWiring(t *testing.T) {
 		t.Errorf("stopgate: --run %q, want the worker's RUN_ID %q", cfg.Run, runID.Value)
 	}
 	if !cfg.RequireDurable || cfg.CACert == "" || !strings.HasPrefix(cfg.Store, "redis://") {
-		t.Errorf("stopgate: want the fleet's Redis with --require-durable and the fleet CA, got store %q durable %v ca %q", stores.Redact(cfg.Store), cfg.RequireDurable, cfg.CACert)
+		t.Errorf("stopgate: want the fleet's Redis with --require-durable and the fleet CA, got store %q durable %v ca %q", redisstore.Redact(cfg.Store), cfg.RequireDurable, cfg.CACert)
 	}
 	sidecarUID, _ := effectiveUser(spec, sidecar)
 	workerUID, _ := effectiveUser(spec, worker)
@@ -651,10 +649,10 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 	redisPassword := f.redis.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
 	for name, sc := range map[string]serveConfig{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
 		if !strings.HasPrefix(sc.Store, want) {
-			t.Errorf("%s: store %s is not the Redis Service (%s)", name, stores.Redact(sc.Store), want)
+			t.Errorf("%s: store %s is not the Redis Service (%s)", name, redisstore.Redact(sc.Store), want)
 		}
 		// The password Redis asks, apart from the URL.
-		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || stores.HasSecret(sc.Store) {
+		if sc.StorePassword == "" || sc.StorePassword != string(f.secretData(redisPassword.Name)[redisPassword.Key]) || redisstore.HasSecret(sc.Store) {
 			t.Errorf("%s: the store password is not Redis's, from its Secret, apart from the URL", name)
 		}
 	}
@@ -685,53 +683,15 @@ func TestDeployRedisConfigSatisfiesRequireDurable(t *testing.T) {
 	}) {
 		t.Fatalf("redis.conf's dir %v is not the PersistentVolumeClaim's mount", dataDir)
 	}
-	dir := t.TempDir()
-	// redis-server takes no port 0: one that was free a moment ago.
-	free, err := redisserver.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(free)
-	addr := net.JoinHostPort("127.0.0.1", port)
-	// The volume is a temp dir here; later lines win: the test's port and address.
-	local := strings.Replace(conf, dataDir[0], "dir "+dir, 1) + fmt.Sprintf("\nport %s\nbind 127.0.0.1\nrequirepass test-password\n", port)
-	if err := os.WriteFile(filepath.Join(dir, "redis.conf"), []byte(local), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	redis := exec.Command("redis-server", filepath.Join(dir, "redis.conf"))
-	redis.Stdout, redis.Stderr = io.Discard, io.Discard
-	if err := redis.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = redis.Process.Kill(); _ = redis.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for !redisAnswers(addr, "test-password") {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on the manifest's redis.conf did not answer within 10s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s := startServe(t, "--store", "redis://:test-password@"+addr+"/0", "--require-durable", "--data-dir", t.TempDir())
+	// The volume is a temp dir here (Redis changes to its dir as it reads
+	// the file); the harness's --dir, --port and --bind come after the file
+	// and win; persistence is the file's alone.
+	local := strings.Replace(conf, dataDir[0], "dir "+t.TempDir(), 1)
+	redis := redisserver.Start(t, redisserver.Options{Conf: local, Password: "test-password", ConfDecides: true})
+	s := startServe(t, "--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
 	if !strings.Contains(s.Log(), "durable=true") {
 		t.Fatalf("serve did not report a durable store:\n%s", s.Log())
 	}
-}
-
-// redisAnswers reports whether AUTH and PING succeed at addr.
-func redisAnswers(addr, password string) bool {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := fmt.Fprintf(conn, "AUTH %s\r\nPING\r\n", password); err != nil {
-		return false
-	}
-	r := bufio.NewReader(conn)
-	a, _ := r.ReadString('\n')
-	b, _ := r.ReadString('\n')
-	return a == "+OK\r\n" && b == "+PONG\r\n"
 }
 
 // TestDeployNetworkPolicies: everything is denied but what the README

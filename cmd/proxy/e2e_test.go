@@ -253,7 +253,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 	}{
 		{nil, []string{"--drain-timeout", "soon"}, 2, "-drain-timeout: want a duration"},
 		{[]string{"STOPGATE_CONTROL_ADDR=nowhere"}, nil, 2, `STOPGATE_CONTROL_ADDR: "nowhere": want host:port`},
-		{nil, []string{"--store", "postgres://db/x"}, 2, `--store: scheme "postgres"`},
+		{nil, []string{"--store", "postgres://db/x"}, 2, `--store: store URL "postgres://db/x": unknown scheme "postgres"`},
 		{nil, []string{"--store", "redis://127.0.0.1:6379/notanumber"}, 2, "--store"},
 		{nil, []string{"--control-addr", busy.Addr().String(), "--data-dir", dir}, 1, "--control-addr " + busy.Addr().String()},
 	} {

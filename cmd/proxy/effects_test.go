@@ -146,7 +146,7 @@ func TestKill9WhileCarryingSlowPOST(t *testing.T) {
 		t.Fatalf("after the carrier died: %+v", doc)
 	}
 	in := doc.Intents[0]
-	if in.State != state.IntentUnknown || in.Reason != "lease_expired" {
+	if in.State != state.IntentUnknown || in.Reason != state.ReasonLeaseExpired {
 		t.Fatalf("the dead carrier's intent: %+v", in)
 	}
 	b.must(t, 0, "resolve", "k1", in.Key, "--not-applied", "--note", "provider shows no charge")
@@ -187,10 +187,10 @@ func TestDrainDeadlinePassesWithRequestInFlight(t *testing.T) {
 		t.Fatalf("the client was not told its request was cut: %s", curlOut.String())
 	}
 	doc := s.audit(t, "d1")
-	if doc.Run.Status != state.StatusUnknown || doc.Run.StatusReason != "drain_timeout" {
+	if doc.Run.Status != state.StatusUnknown || doc.Run.StatusReason != state.ReasonDrainTimeout {
 		t.Fatalf("run %s (%s), want UNKNOWN (drain_timeout)", doc.Run.Status, doc.Run.StatusReason)
 	}
-	if in := doc.Intents[0]; in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
+	if in := doc.Intents[0]; in.State != state.IntentUnknown || in.Reason != state.ReasonDrainTimeout {
 		t.Fatalf("intent %+v", in)
 	}
 }

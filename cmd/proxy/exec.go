@@ -8,9 +8,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"strings"
 
 	"github.com/stopgate/stopgate/agentexec"
+	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -70,8 +70,8 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return usagef("exec", "missing CMD: stopgate exec --run RUN [--no-isolate | --isolate --uid UID] -- CMD [ARGS...]")
 	case o.version < 0:
 		return usagef("exec", "--version %d: want a cancel_version of 1 or more", o.version)
-	case o.uidSet && (o.uid < 0 || o.uid > 1<<32-2):
-		return usagef("exec", "--uid %d: want 0 to %d", o.uid, int64(1<<32-2))
+	case o.uidSet && redirect.CheckUID(o.uid) != "":
+		return usagef("exec", "--%s", redirect.CheckUID(o.uid))
 	case o.noIsolate && (o.isolate || o.uidSet):
 		return usagef("exec", "--no-isolate and --isolate/--uid: pick one")
 	case o.uidSet && !o.isolate:
@@ -80,7 +80,7 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return usagef("exec", "--uid 0: root is never redirected away from its own rules; pick an unprivileged uid")
 	}
 	if err := state.ValidateRunID(o.run); err != nil {
-		return usagef("exec", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("exec", "--run: %s", state.Why(err))
 	}
 	sig, err := agentexec.ParseSignal(o.cancelSignal)
 	if err != nil {

@@ -162,7 +162,7 @@ func (c *cli) authHint(err error) string {
 		return ""
 	}
 	if c.tokenFrom == "" {
-		return "No token was sent: none was given (--token, --token-file, $STOPGATE_CONTROL_TOKEN) and none was found in " + defaultDataDir + "/" + control.OperatorTokenFile +
+		return "No token was sent: none was given (--token, --token-file, $STOPGATE_CONTROL_TOKEN) and none was found in " + control.DefaultDataDir + "/" + control.OperatorTokenFile +
 			". Run the CLI where stopgate serve keeps its data, or set --data-dir / $STOPGATE_DATA_DIR to serve's --data-dir."
 	}
 	return "The token from " + c.tokenFrom + " was refused: is it this server's? (its operator token is " + control.OperatorTokenFile + " in its --data-dir)"

@@ -45,8 +45,11 @@ func (c *cli) redirectVerb(ctx context.Context, args []string) error {
 	if len(pos) != 1 || (pos[0] != "install" && pos[0] != "remove") {
 		return usagef("redirect", "want install or remove, got %q", pos)
 	}
-	if o.uid < 0 || o.uid > 1<<32-2 {
-		return usagef("redirect", "--uid is required: the user id to redirect (0 to %d)", int64(1<<32-2))
+	if o.uid == -1 {
+		return usagef("redirect", "--uid is required: the user id to redirect")
+	}
+	if why := redirect.CheckUID(o.uid); why != "" {
+		return usagef("redirect", "--%s", why)
 	}
 	uid := uint32(o.uid)
 	if pos[0] == "remove" {

@@ -326,7 +326,7 @@ func (inst *instance) run(ctx context.Context) error {
 		servers.shutdown(shutdownCtx, "egress proxy"),
 	)
 	inst.transparent.close()
-	inst.egress.CutAll("stopgate_shutdown")
+	inst.egress.CutAll(state.ReasonShutdown)
 	_ = inst.egress.Close()
 	stopLoops()
 	loops.Wait()

@@ -69,7 +69,7 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 	fs.StringVar(&o.control, "control", "", "control API URL (default $STOPGATE_CONTROL, else "+DefaultControlURL+")")
 	fs.StringVar(&o.token, "token", "", "bearer `token` for the control API (visible in ps: prefer $STOPGATE_CONTROL_TOKEN or --token-file); default: see --data-dir")
 	fs.StringVar(&o.tokenFile, "token-file", "", "`file` holding the bearer token (default $STOPGATE_CONTROL_TOKEN_FILE)")
-	fs.StringVar(&o.dataDir, "data-dir", "", "serve's data `directory`, where the operator token is read when no token is given (default $STOPGATE_DATA_DIR, else "+defaultDataDir+" when --control is on this machine)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "serve's data `directory`, where the operator token is read when no token is given (default $STOPGATE_DATA_DIR, else "+control.DefaultDataDir+" when --control is on this machine)")
 	if verb != "ca" { // ca prints the PEM, nothing else
 		fs.BoolVar(&o.json, "json", false, "print the API's JSON object instead of text")
 	}
@@ -140,8 +140,8 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 			if err != nil {
 				return err
 			}
-			if d < 0 {
-				return fmt.Errorf("drain %s is negative", d)
+			if err := state.CheckDrainTimeout(d); err != nil {
+				return errors.New(state.Why(err))
 			}
 			o.drain = &d
 			return nil
@@ -261,7 +261,7 @@ func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Cl
 			err = state.ValidateKey(pos[i])
 		}
 		if err != nil {
-			return nil, nil, nil, usagef(verb, "%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+			return nil, nil, nil, usagef(verb, "%s", state.Why(err))
 		}
 	}
 	if o.version < 0 {
@@ -284,9 +284,6 @@ func (c *cli) parseVerb(verb string, args []string, names ...string) (*client.Cl
 	}
 	return cl, o, pos, nil
 }
-
-// defaultDataDir is serve's default --data-dir.
-const defaultDataDir = "./stopgate-data"
 
 // findToken finds the bearer token, first found wins: --token,
 // --token-file, $STOPGATE_CONTROL_TOKEN, $STOPGATE_CONTROL_TOKEN_FILE,
@@ -324,7 +321,7 @@ func (c *cli) findToken(o *verbOpts) (token, from string, err error) {
 		dir = c.getenv("STOPGATE_DATA_DIR")
 	}
 	if dir == "" {
-		dir, explicit = defaultDataDir, false
+		dir, explicit = control.DefaultDataDir, false
 		if !localURL(o.control) {
 			return "", "", nil
 		}
@@ -540,7 +537,7 @@ func (c *cli) runs(ctx context.Context, args []string) error {
 	}
 	q, err := control.ParseRunQuery(v, time.Now())
 	if err != nil {
-		return usagef("runs", "--%s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("runs", "--%s", state.Why(err))
 	}
 	reply, err := cl.RunsWhere(ctx, q)
 	return show(c, o, reply, err, func(w io.Writer, list control.RunList) {
@@ -650,7 +647,7 @@ func (c *cli) browser(ctx context.Context, args []string) error {
 		return usagef("browser", "--run is required: the run the browser belongs to")
 	}
 	if err := state.ValidateRunID(o.run); err != nil {
-		return usagef("browser", "--run: %s", strings.TrimPrefix(err.Error(), state.ErrInvalid.Error()+": "))
+		return usagef("browser", "--run: %s", state.Why(err))
 	}
 	reply, err := cl.Browser(ctx, o.run, control.BrowserRequest{CancelVersion: o.version})
 	return show(c, o, reply, err, func(w io.Writer, b control.BrowserResponse) {

@@ -10,6 +10,7 @@ package redisserver
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -48,6 +49,13 @@ type Options struct {
 	// Password, when set, is the server's requirepass: URL carries it, and
 	// the harness authenticates its own PING with it.
 	Password string
+	// TLS, when set, makes the server speak TLS alone on its port, with
+	// these files (MakeTLS); URL is then a rediss:// URL.
+	TLS *TLSFiles
+	// ConfDecides leaves persistence to Conf: the harness adds none of its
+	// own arguments but where the server listens and keeps its files, so
+	// that a test runs a configuration as shipped (a manifest's redis.conf).
+	ConfDecides bool
 }
 
 func (o Options) persistenceArgs() ([]string, error) {
@@ -76,8 +84,17 @@ func (o Options) args(dir string, port int) ([]string, error) {
 	}
 	args = append(args, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--daemonize", "no", "--loglevel", "warning")
+	if o.TLS != nil {
+		args = append(args, o.TLS.args(port)...)
+	}
 	if o.Sentinel {
 		return append(append(args, "--sentinel"), o.Args...), nil
+	}
+	if o.ConfDecides {
+		if o.Password != "" {
+			args = append(args, "--requirepass", o.Password)
+		}
+		return append(args, o.Args...), nil
 	}
 	persist, err := o.persistenceArgs()
 	if err != nil {
@@ -134,14 +151,21 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
 // URL is the redis:// URL of the server, database 0, with its password
 // when it has one.
-func (s *Server) URL() string { return redisURL(s.Addr(), s.opts.Password) }
+func (s *Server) URL() string { return redisURL(s.Addr(), s.opts.Password, s.opts.TLS != nil) }
 
-func redisURL(addr, password string) string {
-	if password != "" {
-		return "redis://:" + url.PathEscape(password) + "@" + addr + "/0"
+func redisURL(addr, password string, tls bool) string {
+	scheme := "redis://"
+	if tls {
+		scheme = "rediss://"
 	}
-	return "redis://" + addr + "/0"
+	if password != "" {
+		return scheme + ":" + url.PathEscape(password) + "@" + addr + "/0"
+	}
+	return scheme + addr + "/0"
 }
+
+// PID is the server's process id.
+func (s *Server) PID() int { return s.proc.PID() }
 
 // Port is the server's port.
 func (s *Server) Port() int { return s.port }
@@ -185,6 +209,7 @@ type Process struct {
 	addr string
 	// password is the server's requirepass, if any.
 	password string
+	tls      *TLSFiles
 	dir      string
 	cmd      *exec.Cmd
 	done     chan struct{}
@@ -209,7 +234,7 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 		_ = logf.Close()
 		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
-	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), password: opts.Password, dir: dir, cmd: cmd, done: make(chan struct{})}
+	p := &Process{addr: fmt.Sprintf("127.0.0.1:%d", port), password: opts.Password, tls: opts.TLS, dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); _ = logf.Close(); close(p.done) }()
 	wait := opts.StartTimeout
 	if wait <= 0 {
@@ -217,7 +242,7 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 	}
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		if pingOK(p.addr, p.password) {
+		if pingOK(p.addr, p.password, p.tls) {
 			if !ownsPort(p) {
 				p.Kill()
 				return nil, fmt.Errorf("another redis-server answers on %s", p.addr)
@@ -237,7 +262,11 @@ func Launch(dir string, port int, opts Options) (*Process, error) {
 // ownsPort reports whether the server answering on p's port is p: the
 // port was free when picked, and another process may have taken it since.
 func ownsPort(p *Process) bool {
-	c := redis.NewClient(&redis.Options{Addr: p.addr, Password: p.password, MaxRetries: -1})
+	opt := &redis.Options{Addr: p.addr, Password: p.password, MaxRetries: -1}
+	if p.tls != nil {
+		opt.TLSConfig = p.tls.clientConfig()
+	}
+	c := redis.NewClient(opt)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -253,7 +282,7 @@ func (p *Process) Addr() string { return p.addr }
 
 // URL is the redis:// URL of the server, database 0, with its password
 // when it has one.
-func (p *Process) URL() string { return redisURL(p.addr, p.password) }
+func (p *Process) URL() string { return redisURL(p.addr, p.password, p.tls != nil) }
 
 // PID is the server's process id.
 func (p *Process) PID() int { return p.cmd.Process.Pid }
@@ -264,8 +293,15 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-func pingOK(addr, password string) bool {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+func pingOK(addr, password string, tlsFiles *TLSFiles) bool {
+	var c net.Conn
+	var err error
+	d := &net.Dialer{Timeout: 200 * time.Millisecond}
+	if tlsFiles != nil {
+		c, err = tls.DialWithDialer(d, "tcp", addr, tlsFiles.clientConfig())
+	} else {
+		c, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return false
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/redisstore"
 )
@@ -167,16 +168,24 @@ func commandStats(tb testing.TB, c *redis.Client) (usec, calls float64) {
 // STOPGATE_BENCH_REDIS=host:port one already running (under a profiler
 // that counts instructions, say, where CPU time on a shared machine is too
 // noisy to compare two versions of the scripts). The benchmark empties it.
-func benchServer(b *testing.B, args ...string) *localServer {
+func benchServer(b *testing.B, args ...string) benchTarget {
 	addr := os.Getenv("STOPGATE_BENCH_REDIS")
 	if addr == "" {
-		return startLocal(b, args...)
+		srv := redisserver.Start(b, redisserver.Options{Args: args})
+		return benchTarget{addr: srv.Addr(), pid: srv.PID()}
 	}
 	pid, _ := strconv.Atoi(os.Getenv("STOPGATE_BENCH_REDIS_PID"))
 	if pid == 0 {
 		pid = os.Getpid() // no server process to read: the figures are this one's
 	}
-	return &localServer{addr: addr, pid: pid}
+	return benchTarget{addr: addr, pid: pid}
+}
+
+// benchTarget is the server a benchmark talks to, and the process whose
+// CPU time it reports.
+type benchTarget struct {
+	addr string
+	pid  int
 }
 
 // benchTimeout bounds each store call of a benchmark: generous, since a

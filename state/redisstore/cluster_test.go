@@ -24,10 +24,10 @@ func TestCluster(t *testing.T) {
 	// The node announces the cutter's port, so every connection the cluster
 	// client makes goes through it.
 	cut := newCutter(t)
-	srv := startLocal(t, "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", strconv.Itoa(cut.port()))
-	cut.forwardTo(srv.addr)
-	admin := raw(t, srv.addr)
+	srv := redisserver.Start(t, redisserver.Options{Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", strconv.Itoa(cut.port())}})
+	cut.forwardTo(srv.Addr())
+	admin := raw(t, srv.Addr())
 	ctx := tctx(t)
 	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
 		t.Fatalf("cluster addslotsrange: %v", err)
@@ -129,9 +129,9 @@ func TestCluster(t *testing.T) {
 func TestSentinel(t *testing.T) {
 	master := redisserver.Start(t, redisserver.Options{})
 	host, port, _ := strings.Cut(master.Addr(), ":")
-	sentinel := startLocalConf(t, "sentinel monitor stopgate "+host+" "+port+" 1\n", "--sentinel")
+	sentinel := redisserver.Start(t, redisserver.Options{Conf: "sentinel monitor stopgate " + host + " " + port + " 1\n", Sentinel: true})
 	admin := raw(t, master.Addr())
-	url := "redis-sentinel://" + sentinel.addr + "/0?master=stopgate"
+	url := "redis-sentinel://" + sentinel.Addr() + "/0?master=stopgate"
 	statetest.Run(t, func(t *testing.T) state.Store {
 		if err := admin.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatalf("flushall: %v", err)

@@ -573,9 +573,19 @@ func (s *Store) applyGroups(ctx context.Context, via execer, groups []*group) ([
 	return out, nil
 }
 
-// opArity is the number of arguments of each operation (lua/apply.lua).
-var opArity = map[string]int{"=": 2, "#": 2, ">": 2, "<": 2, "^": 2, "Q": 2, "T": 1, "h": 2, "H": 2, "+": 2, "a": 2, "o": 3, "q": 2, "L": 2, "l": 1,
-	"S": 1, "s": 1, "x": 1, "p": 2, "D": 0, "R": 1, "c": 2}
+// opArity is the number of arguments of an operation (lua/apply.lua's
+// ARITY: '<' and 'a' take two, as most do).
+func opArity(op string) int {
+	switch op {
+	case "o":
+		return 3
+	case "T", "l", "S", "s", "x", "R":
+		return 1
+	case "D":
+		return 0
+	}
+	return 2
+}
 
 // reads lists the fields of the run's hash the group's steps touch besides
 // the row's own (which the program always reads first), and the
@@ -589,7 +599,7 @@ func (g *group) reads() ([]string, []string) {
 	}
 	var bases []string
 	for _, st := range g.sent {
-		for i := 0; i < len(st.ops); i += 1 + opArity[st.ops[i].(string)] {
+		for i := 0; i < len(st.ops); i += 1 + opArity(st.ops[i].(string)) {
 			switch st.ops[i].(string) {
 			case "=", "#", ">", "<", "^", "h", "H", "+", "a", "o", "R":
 				if f := st.ops[i+1].(string); !g.wantsRow || !isRowField[f] {

@@ -232,18 +232,18 @@ func (s *Store) Exposure(ctx context.Context) (Exposure, error) {
 // dataAddr is the address of the one server the store talks to: the URL's,
 // or the master the Sentinels name now.
 func (s *Store) dataAddr(ctx context.Context) (string, *tls.Config, error) {
-	t := s.tgt
-	if t.kind != "sentinel" {
-		return t.node.Addr, t.node.TLSConfig, nil
+	if s.tgt.kind != KindSentinel {
+		return s.tgt.node.Addr, s.tgt.node.TLSConfig, nil
 	}
+	f := s.tgt.failover
 	var lastErr error
-	for _, a := range t.addrs {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: a, Password: t.sentinelPassword, MaxRetries: -1,
+	for _, a := range f.SentinelAddrs {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a, Password: f.SentinelPassword, MaxRetries: -1, TLSConfig: f.TLSConfig,
 			DialTimeout: s.opTimeout, ReadTimeout: s.opTimeout, WriteTimeout: s.opTimeout})
-		hp, err := sc.GetMasterAddrByName(ctx, t.master).Result()
+		hp, err := sc.GetMasterAddrByName(ctx, f.MasterName).Result()
 		_ = sc.Close()
 		if err == nil && len(hp) == 2 {
-			return net.JoinHostPort(hp[0], hp[1]), nil, nil
+			return net.JoinHostPort(hp[0], hp[1]), f.TLSConfig, nil
 		}
 		lastErr = err
 	}

@@ -25,11 +25,11 @@ const PruneGrace = pruneGrace
 // password given apart, authenticates with: for a Sentinel URL, to the
 // master; for a cluster, to every node.
 func ClientPassword(raw, password string) (string, error) {
-	t, err := parseURL(raw)
+	t, err := ParseURL(raw)
 	if err != nil {
 		return "", err
 	}
-	if err := t.withPassword(password); err != nil {
+	if t, err = t.WithPassword(password); err != nil {
 		return "", err
 	}
 	c := newClient(t, DefaultOpTimeout)
@@ -41,4 +41,17 @@ func ClientPassword(raw, password string) (string, error) {
 		return c.Options().Password, nil
 	}
 	return "", fmt.Errorf("a %T", c)
+}
+
+// TLSOf says whether the go-redis client built for u speaks TLS.
+func TLSOf(u URL) bool {
+	c := newClient(u, DefaultOpTimeout)
+	defer c.Close()
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.Options().TLSConfig != nil
+	case *redis.Client:
+		return c.Options().TLSConfig != nil
+	}
+	return false
 }

@@ -222,21 +222,62 @@ func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 // reads back. imm's creation ordinal goes between immHead and immTail,
 // where the program that writes a new record puts the run's next one.
 func immHead(in state.Intent) string {
-	return string(in.Boundary) + " " + strconv.FormatInt(in.CreatedAt.UnixMilli(), 10) + " "
+	var b strings.Builder
+	b.Grow(len(in.Boundary) + 16)
+	writeImmHead(&b, in)
+	return b.String()
+}
+
+func writeImmHead(b *strings.Builder, in state.Intent) {
+	b.WriteString(string(in.Boundary))
+	b.WriteByte(' ')
+	writeInt(b, in.CreatedAt.UnixMilli())
+	b.WriteByte(' ')
 }
 
 func immTail(in state.Intent) string {
-	return " " + strconv.FormatInt(in.ObservedVersion, 10) + "\n" + escape(in.Method) + "\n" + escape(in.Target) + "\n" + escape(in.BodyDigest)
+	var b strings.Builder
+	b.Grow(24 + len(in.Method) + len(in.Target) + len(in.BodyDigest))
+	writeImmTail(&b, in)
+	return b.String()
+}
+
+func writeImmTail(b *strings.Builder, in state.Intent) {
+	b.WriteByte(' ')
+	writeInt(b, in.ObservedVersion)
+	b.WriteByte('\n')
+	writeEscaped(b, in.Method)
+	b.WriteByte('\n')
+	writeEscaped(b, in.Target)
+	b.WriteByte('\n')
+	writeEscaped(b, in.BodyDigest)
 }
 
 func immText(in state.Intent, ord int64) string {
-	return immHead(in) + strconv.FormatInt(ord, 10) + immTail(in)
+	var b strings.Builder
+	b.Grow(48 + len(in.Boundary) + len(in.Method) + len(in.Target) + len(in.BodyDigest))
+	writeImmHead(&b, in)
+	writeInt(&b, ord)
+	writeImmTail(&b, in)
+	return b.String()
 }
 
 // mutHead is the start of s:KEY that names the record's state, attempt and
 // refusals: what an expectation of them checks.
 func mutHead(st state.IntentState, attempts, refusals int) string {
-	return string(st) + " " + strconv.Itoa(attempts) + " " + strconv.Itoa(refusals) + " "
+	var b strings.Builder
+	b.Grow(len(st) + 12)
+	writeMutHead(&b, st, attempts, refusals)
+	return b.String()
+}
+
+func writeMutHead(b *strings.Builder, st state.IntentState, attempts, refusals int) {
+	b.WriteString(string(st))
+	b.WriteByte(' ')
+	writeInt(b, int64(attempts))
+	b.WriteByte(' ')
+	writeInt(b, int64(refusals))
+	b.WriteByte(' ')
 }
 
 func mutText(in state.Intent) string {
@@ -244,20 +285,58 @@ func mutText(in state.Intent) string {
 	if !in.LeaseExpires.IsZero() {
 		lease = in.LeaseExpires.UnixMilli()
 	}
-	nb := "-"
-	if !in.NotBefore.IsZero() {
-		nb = strconv.FormatInt(in.NotBefore.UnixMilli(), 10)
+	var b strings.Builder
+	b.Grow(80 + len(in.LeaseOwner) + len(in.Reason) + len(in.Source) + len(in.Note))
+	writeMutHead(&b, in.State, in.Attempts, in.Refusals)
+	writeInt(&b, int64(in.StatusCode))
+	b.WriteByte(' ')
+	writeInt(&b, lease)
+	b.WriteByte(' ')
+	writeInt(&b, in.UpdatedAt.UnixMilli())
+	b.WriteByte(' ')
+	if in.NotBefore.IsZero() {
+		b.WriteByte('-')
+	} else {
+		writeInt(&b, in.NotBefore.UnixMilli())
 	}
-	return mutHead(in.State, in.Attempts, in.Refusals) + strconv.Itoa(in.StatusCode) + " " + strconv.FormatInt(lease, 10) + " " +
-		strconv.FormatInt(in.UpdatedAt.UnixMilli(), 10) + " " + nb + "\n" +
-		escape(in.LeaseOwner) + "\n" + escape(in.Reason) + "\n" + escape(in.Source) + "\n" + escape(in.Note)
+	for _, f := range [...]string{in.LeaseOwner, in.Reason, in.Source, in.Note} {
+		b.WriteByte('\n')
+		writeEscaped(&b, f)
+	}
+	return b.String()
 }
 
-// eventLine is one event as an entry of the audit stream holds it: "kind
-// version from to intent", then actor and reason, escaped (eventsOf).
+// eventLine is one event of the audit stream: its kind, version, from, to
+// and intent, then its actor and its reason, each on a line.
 func eventLine(e state.Event) string {
-	return e.Kind + " " + strconv.FormatInt(e.Version, 10) + " " + e.From + " " + e.To + " " + e.Intent + "\n" +
-		escape(e.Actor) + "\n" + escape(e.Reason)
+	var b strings.Builder
+	b.Grow(32 + len(e.Kind) + len(e.From) + len(e.To) + len(e.Intent) + len(e.Actor) + len(e.Reason))
+	b.WriteString(e.Kind)
+	b.WriteByte(' ')
+	writeInt(&b, e.Version)
+	for _, f := range [...]string{e.From, e.To, e.Intent} {
+		b.WriteByte(' ')
+		b.WriteString(f)
+	}
+	b.WriteByte('\n')
+	writeEscaped(&b, e.Actor)
+	b.WriteByte('\n')
+	writeEscaped(&b, e.Reason)
+	return b.String()
+}
+
+// writeInt writes n in decimal without a string of its own.
+func writeInt(b *strings.Builder, n int64) {
+	var buf [20]byte
+	b.Write(strconv.AppendInt(buf[:0], n, 10))
+}
+
+func writeEscaped(b *strings.Builder, s string) {
+	if !strings.ContainsAny(s, "\n\\") {
+		b.WriteString(s)
+		return
+	}
+	b.WriteString(escape(s))
 }
 
 // countField is the row's field counting intents in st.

@@ -74,7 +74,7 @@ type Store struct {
 	cancelReplicas int
 	log            *slog.Logger
 	addr           string // for messages: the URL with the password hidden
-	tgt            target // what the URL names, for Exposure's probe
+	tgt            URL    // what the URL names, for Exposure's probe
 
 	// seen is what this process last saw of runs (driver.go): a run in it
 	// has a row, so its index entry exists already (index.go).
@@ -96,17 +96,15 @@ type Store struct {
 
 var _ state.Store = (*Store)(nil)
 
-// Open connects to the Redis the URL names and checks that it answers.
-// URLs: redis://[[user]:pass@]host:port/DB, rediss://… (TLS),
-// redis-sentinel://[[user]:pass@]host:port[,host:port…]/DB?master=NAME,
-// redis-cluster://[[user]:pass@]host:port[,host:port…].
+// Open connects to the Redis the URL names (its forms: see URL) and checks
+// that it answers.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
-	t, err := parseURL(url)
+	t, err := ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", state.ErrInvalid, err)
+		return nil, err
 	}
-	if err := t.withPassword(opts.Password); err != nil {
-		return nil, fmt.Errorf("%w: store URL %q: %w", state.ErrInvalid, Redact(url), err)
+	if t, err = t.WithPassword(opts.Password); err != nil {
+		return nil, err
 	}
 	if opts.OpTimeout < 0 {
 		return nil, fmt.Errorf("%w: op timeout %s is negative", state.ErrInvalid, opts.OpTimeout)
@@ -127,7 +125,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		opTimeout:      opts.OpTimeout,
 		cancelReplicas: opts.CancelReplicas,
 		log:            opts.Logger.With("store", "redis"),
-		addr:           Redact(url),
+		addr:           t.Redacted(),
 		subs:           map[*redis.PubSub]struct{}{},
 		seen:           newSeenRuns(),
 		clock:          opts.Clock,
@@ -181,50 +179,34 @@ const (
 // an effect) would run a second time. A failed operation is reported as
 // ErrUnavailable instead, and the caller decides (the proxy fails closed).
 // Timeouts follow OpTimeout so that a stopped server costs at most that.
-func newClient(t target, opTimeout time.Duration) redis.UniversalClient {
-	switch t.kind {
-	case "sentinel":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            t.master,
-			SentinelAddrs:         t.addrs,
-			SentinelPassword:      t.sentinelPassword,
-			Username:              t.username,
-			Password:              t.password,
-			DB:                    t.db,
-			MaxRetries:            -1,
-			DialTimeout:           opTimeout,
-			ReadTimeout:           opTimeout,
-			WriteTimeout:          opTimeout,
-			PoolTimeout:           opTimeout,
-			ContextTimeoutEnabled: true,
-			DialerRetries:         dialAttempts,
-			DialerRetryTimeout:    dialBackoff,
-		})
-	case "cluster":
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 t.addrs,
-			Username:              t.username,
-			Password:              t.password,
-			MaxRetries:            -1,
-			DialTimeout:           opTimeout,
-			ReadTimeout:           opTimeout,
-			WriteTimeout:          opTimeout,
-			PoolTimeout:           opTimeout,
-			ContextTimeoutEnabled: true,
-			DialerRetries:         dialAttempts,
-			DialerRetryTimeout:    dialBackoff,
-		})
+func newClient(u URL, opTimeout time.Duration) redis.UniversalClient {
+	switch u.kind {
+	case KindSentinel:
+		opt := *u.failover
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
+		return redis.NewFailoverClient(&opt)
+	case KindCluster:
+		opt := *u.cluster
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
+		return redis.NewClusterClient(&opt)
 	default:
-		opt := *t.node
-		opt.MaxRetries = -1
-		opt.DialTimeout = opTimeout
-		opt.ReadTimeout = opTimeout
-		opt.WriteTimeout = opTimeout
-		opt.PoolTimeout = opTimeout
-		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries = dialAttempts
-		opt.DialerRetryTimeout = dialBackoff
+		opt := *u.node
+		bound(opTimeout, &opt.MaxRetries, &opt.ContextTimeoutEnabled, &opt.DialerRetries, &opt.DialerRetryTimeout,
+			&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return redis.NewClient(&opt)
+	}
+}
+
+// bound sets, in the options of any of go-redis's clients, what stopgate
+// decides whatever the URL says (see newClient): no retries, every timeout
+// opTimeout and enforced on the context, dials retried briefly.
+func bound(opTimeout time.Duration, maxRetries *int, contextTimeout *bool, dialerRetries *int, dialerRetryTimeout *time.Duration, timeouts ...*time.Duration) {
+	*maxRetries, *contextTimeout = -1, true
+	*dialerRetries, *dialerRetryTimeout = dialAttempts, dialBackoff
+	for _, t := range timeouts {
+		*t = opTimeout
 	}
 }
 

@@ -132,7 +132,7 @@ func TestScriptsReloadAfterScriptFlush(t *testing.T) {
 		}
 	}
 	r := must(s.Get(ctx, "r"))(t)
-	if r.Status != state.StatusUnknown || r.StatusReason != "drain_timeout" {
+	if r.Status != state.StatusUnknown || r.StatusReason != state.ReasonDrainTimeout {
 		// drain 0: the tick cut k2, still in flight, at once.
 		t.Fatalf("run after the walk: %+v", r)
 	}
@@ -504,7 +504,12 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		{"localhost:6379", "no scheme"},
 		{"http://localhost:6379", "unknown scheme"},
 		{"redis-sentinel://h1:26379,h2:26379/0", "master"},
-		{"redis-sentinel://h1:26379/0?master=m&foo=1", `unknown parameter "foo"`},
+		{"redis-sentinel://h1:26379/0?master=m&foo=1", "unexpected option: foo"},
+		{"redis-sentinel://h1:26379/0?master=m&addr=h2:26379", `unknown parameter "addr"`},
+		{"redis-sentinel://h1:26379/0?master=m&replica_only=true", "replicas"},
+		{"redis-cluster://h1:7000?read_only=true", "replicas"},
+		{"redis-cluster://:hunter2@h1:7000?password=x", `unknown parameter "password"`},
+		{"unix:///tmp/redis.sock", "unknown scheme"},
 		{"redis-sentinel://:hunter2@h1/0?master=m", "want host:port"},
 		{"redis-cluster://h1:7000,h2:notaport", "port"},
 		{"redis-cluster://h1:7000/3", "only database 0"},
@@ -533,9 +538,8 @@ func BenchmarkGuard(b *testing.B) {
 		{"aof=always", []string{"--appendonly", "yes", "--appendfsync", "always"}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			// redisserver.Start takes a *testing.T; a benchmark starts its own.
-			srv := startLocal(b, tc.args...)
-			s := open(b, "redis://"+srv.addr+"/0", redisstore.Options{})
+			srv := redisserver.Start(b, redisserver.Options{Args: tc.args})
+			s := open(b, srv.URL(), redisstore.Options{})
 			ctx := context.Background()
 			must(s.Admit(ctx, state.AdmitRequest{RunID: "bench", Actor: "bench"}))(b)
 			b.ResetTimer()

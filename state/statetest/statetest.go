@@ -831,7 +831,7 @@ func testLeaseExpiry(t *testing.T, s state.Store) {
 	wantRun(t, r, state.StatusActive, 1)
 	wantCounts(t, r, map[state.IntentState]int{state.IntentUnknown: 1, state.IntentInFlight: 1})
 	in := intent(t, s, "l", "short")
-	if in.State != state.IntentUnknown || in.Reason != "lease_expired" {
+	if in.State != state.IntentUnknown || in.Reason != state.ReasonLeaseExpired {
 		t.Fatalf("expired intent %+v", in)
 	}
 	_, err := s.Finish(ctx(t), state.FinishRequest{RunID: "l", Key: "short", Attempt: short.Intent.Attempts, Outcome: state.IntentNotSent, Actor: "p"})
@@ -913,7 +913,7 @@ func testDrainTimeout(t *testing.T, s state.Store) {
 	r := tick(t, s, "dt")
 	wantRun(t, r, state.StatusUnknown, 2)
 	wantCounts(t, r, map[state.IntentState]int{state.IntentUnknown: 1})
-	if in := intent(t, s, "dt", "slow"); in.State != state.IntentUnknown || in.Reason != "drain_timeout" {
+	if in := intent(t, s, "dt", "slow"); in.State != state.IntentUnknown || in.Reason != state.ReasonDrainTimeout {
 		t.Fatalf("in-flight intent at the deadline: %+v", in)
 	}
 	evs, err := s.Events(ctx(t), "dt")
@@ -921,7 +921,7 @@ func testDrainTimeout(t *testing.T, s state.Store) {
 		t.Fatal(err)
 	}
 	last := evs[len(evs)-1]
-	if last.Kind != state.EventRunTransition || last.To != string(state.StatusUnknown) || last.Reason != "drain_timeout" {
+	if last.Kind != state.EventRunTransition || last.To != string(state.StatusUnknown) || last.Reason != state.ReasonDrainTimeout {
 		t.Fatalf("last event %+v, want the run's move to UNKNOWN for drain_timeout", last)
 	}
 }
@@ -934,7 +934,7 @@ func testCarrierCutAtDeadline(t *testing.T, s state.Store) {
 	// The carrier saw the deadline before any tick did.
 	finish(t, s, res.Intent, state.IntentUnknown, 0)
 	r := get(t, s, "cc")
-	if r.Status != state.StatusUnknown || r.StatusReason != "drain_timeout" {
+	if r.Status != state.StatusUnknown || r.StatusReason != state.ReasonDrainTimeout {
 		t.Fatalf("run %s (%s), want UNKNOWN (drain_timeout)", r.Status, r.StatusReason)
 	}
 }
@@ -950,7 +950,7 @@ func testResolve(t *testing.T, s state.Store) {
 	cancel(t, s, "rs", time.Minute)
 	r := tick(t, s, "rs")
 	wantRun(t, r, state.StatusUnknown, 2)
-	if r.StatusReason != "unresolved_intents" {
+	if r.StatusReason != state.ReasonUnresolved {
 		t.Fatalf("status reason %q, want unresolved_intents", r.StatusReason)
 	}
 	if _, err := s.Resolve(ctx(t), state.ResolveRequest{RunID: "rs", Key: "a", Applied: false, Actor: "op"}); !errors.Is(err, state.ErrInvalid) {
@@ -968,7 +968,7 @@ func testResolve(t *testing.T, s state.Store) {
 		r = tick(t, s, "rs")
 	}
 	wantRun(t, r, state.StatusCancelled, 2)
-	if r.StatusReason != "reconciled" {
+	if r.StatusReason != state.ReasonReconciled {
 		t.Fatalf("status reason %q, want reconciled", r.StatusReason)
 	}
 }
@@ -1258,11 +1258,11 @@ func testFinishNotApplied(t *testing.T, s state.Store) {
 	}
 
 	out, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na", Key: "read", Attempt: get1.Intent.Attempts, Outcome: state.IntentNotApplied,
-		Source: state.SourceSafeMethod, Reason: "run_cancelled", Actor: "proxy:test"})
+		Source: state.SourceSafeMethod, Reason: state.ReasonRunCancelled, Actor: "proxy:test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.State != state.IntentNotApplied || out.Source != state.SourceSafeMethod || out.Reason != "run_cancelled" || out.LeaseOwner != "" {
+	if out.State != state.IntentNotApplied || out.Source != state.SourceSafeMethod || out.Reason != state.ReasonRunCancelled || out.LeaseOwner != "" {
 		t.Fatalf("cut safe-method request recorded as %+v", out)
 	}
 	wantRun(t, get(t, s, "na"), state.StatusCancelling, 2)
@@ -1275,7 +1275,7 @@ func testFinishNotApplied(t *testing.T, s state.Store) {
 	p := guard(t, s, state.GuardRequest{RunID: "na2", Key: "infer", ExplicitKey: true, Method: "POST", Target: "https://llm.example/v1/chat"})
 	cancel(t, s, "na2", time.Minute)
 	if _, err := s.Finish(ctx(t), state.FinishRequest{RunID: "na2", Key: "infer", Attempt: p.Intent.Attempts, Outcome: state.IntentNotApplied,
-		Source: state.SourcePolicy, Reason: "run_cancelled", Actor: "proxy:test"}); err != nil {
+		Source: state.SourcePolicy, Reason: state.ReasonRunCancelled, Actor: "proxy:test"}); err != nil {
 		t.Fatal(err)
 	}
 	// Settled by the Finish itself, no tick needed.
@@ -1292,7 +1292,7 @@ func testFinishNotApplied(t *testing.T, s state.Store) {
 			outcome = &evs[i]
 		}
 	}
-	if outcome == nil || outcome.To != string(state.IntentNotApplied) || outcome.Reason != "policy: run_cancelled" {
+	if outcome == nil || outcome.To != string(state.IntentNotApplied) || outcome.Reason != state.SourcePolicy+": "+state.ReasonRunCancelled {
 		t.Fatalf("outcome event %+v, want IN_FLIGHT -> NOT_APPLIED for \"policy: run_cancelled\"", outcome)
 	}
 	// The effect is settled: a replay of its key answers with the record.
@@ -1319,7 +1319,7 @@ func testNote(t *testing.T, s state.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Note(ctx(t), state.NoteRequest{RunID: "nt", Key: "stream", Kind: state.EventIntentCut, Reason: "run_cancelled", Actor: "proxy:test"})
+	err = s.Note(ctx(t), state.NoteRequest{RunID: "nt", Key: "stream", Kind: state.EventIntentCut, Reason: state.ReasonRunCancelled, Actor: "proxy:test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1331,7 +1331,7 @@ func testNote(t *testing.T, s state.Store) {
 		t.Fatalf("%d events after a note, want %d", len(after), len(before)+1)
 	}
 	n := after[len(after)-1]
-	if n.Kind != state.EventIntentCut || n.Intent != "stream" || n.Reason != "run_cancelled" || n.Actor != "proxy:test" || n.At.IsZero() || n.Version != 1 || n.From != "" || n.To != "" {
+	if n.Kind != state.EventIntentCut || n.Intent != "stream" || n.Reason != state.ReasonRunCancelled || n.Actor != "proxy:test" || n.At.IsZero() || n.Version != 1 || n.From != "" || n.To != "" {
 		t.Fatalf("note event %+v", n)
 	}
 	if in := intent(t, s, "nt", "stream"); in.State != finished.State || in.StatusCode != 200 || !in.UpdatedAt.Equal(finished.UpdatedAt) {

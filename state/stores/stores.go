@@ -6,9 +6,9 @@
 // one that evicts keys, one whose marker says it was reset), and refuses a
 // store that may lose one when durability is required.
 //
-// It owns the one way a store URL is shown (Redact): no password of any URL
-// form ever reaches a log line or an error through it. It never serves
-// anything and never keeps the store it opens.
+// A store URL is read by redisstore.URL alone, here as everywhere: what it
+// names, its addresses, how it is shown (redacted). This package never
+// serves anything and never keeps the store it opens.
 package stores
 
 import (
@@ -81,13 +81,6 @@ type Opened struct {
 // may lose an acknowledged write.
 var ErrNotDurable = errors.New("the store may lose an acknowledged cancel")
 
-// Redact hides every secret of a store URL: see redisstore.Redact.
-func Redact(url string) string { return redisstore.Redact(url) }
-
-// HasSecret reports whether a store URL holds a password or another
-// secret, which a command line would show to every user of the machine.
-func HasSecret(url string) bool { return redisstore.HasSecret(url) }
-
 // Check reports what is wrong with cfg without opening anything. Its
 // errors wrap state.ErrInvalid and never show a password.
 func Check(cfg Config) error {
@@ -106,35 +99,12 @@ func Check(cfg Config) error {
 		}
 		return nil
 	}
-	scheme, rest, ok := strings.Cut(cfg.URL, "://")
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: %s has no scheme; want redis://HOST:PORT/DB, or no store URL for the embedded store", state.ErrInvalid, Redact(cfg.URL))
-	case !redisScheme(strings.ToLower(scheme)):
-		return fmt.Errorf("%w: scheme %q: want redis://, rediss://, redis-sentinel:// or redis-cluster://, or no store URL for the embedded store", state.ErrInvalid, scheme)
-	case host(rest) == "":
-		return fmt.Errorf("%w: %s has no host; want redis://HOST:PORT/DB", state.ErrInvalid, Redact(cfg.URL))
+	u, err := redisstore.ParseURL(cfg.URL)
+	if err != nil {
+		return err
 	}
-	return redisstore.CheckURLWithPassword(cfg.URL, cfg.Password)
-}
-
-// host is the servers part of a URL after its scheme: the authority
-// without its user information.
-func host(rest string) string {
-	authority, _, _ := strings.Cut(rest, "/")
-	authority, _, _ = strings.Cut(authority, "?")
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		authority = authority[at+1:]
-	}
-	return authority
-}
-
-func redisScheme(scheme string) bool {
-	switch scheme {
-	case "redis", "rediss", "redis-sentinel", "redis-cluster":
-		return true
-	}
-	return false
+	_, err = u.WithPassword(cfg.Password)
+	return err
 }
 
 // Open opens the store cfg names.
@@ -167,7 +137,7 @@ func openEmbedded(cfg Config) (Opened, error) {
 }
 
 func openRedis(ctx context.Context, cfg Config) (Opened, error) {
-	where := Redact(cfg.URL)
+	where := redisstore.Redact(cfg.URL)
 	opts := redisstore.Options{Logger: cfg.Logger, OpTimeout: cfg.OpTimeout, CancelReplicas: cfg.CancelReplicas, Password: cfg.Password}
 	if cfg.DataDir != "" {
 		opts.MarkerFile = filepath.Join(cfg.DataDir, MarkerFile)
@@ -211,17 +181,20 @@ func openRedis(ctx context.Context, cfg Config) (Opened, error) {
 	return out, nil
 }
 
-// addrs lists the hosts of a store URL that Check accepted, each as
-// written and as resolved.
-func addrs(ctx context.Context, url string) []string {
-	_, rest, _ := strings.Cut(url, "://")
+// addrs lists the servers of a store URL that Check accepted, each as the
+// URL names it and as resolved.
+func addrs(ctx context.Context, raw string) []string {
+	u, err := redisstore.ParseURL(raw)
+	if err != nil {
+		return nil
+	}
 	var out []string
-	for hp := range strings.SplitSeq(host(rest), ",") {
+	for _, hp := range u.Addrs() {
+		out = append(out, hp)
 		h, port, err := net.SplitHostPort(hp)
 		if err != nil {
-			h, port = strings.Trim(hp, "[]"), "6379"
+			continue
 		}
-		out = append(out, net.JoinHostPort(h, port))
 		if ips, err := net.DefaultResolver.LookupHost(ctx, h); err == nil {
 			for _, ip := range ips {
 				out = append(out, net.JoinHostPort(ip, port))

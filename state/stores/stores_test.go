@@ -9,6 +9,7 @@ import (
 
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
+	"github.com/stopgate/stopgate/state/redisstore"
 	"github.com/stopgate/stopgate/state/stores"
 )
 
@@ -39,7 +40,7 @@ func TestRedactHidesEverySecretOfEveryURLForm(t *testing.T) {
 		{"redis://user:pw12@h:6379/0?max_retries=3&tls_secret_key=pw13", "pw13", []string{"max_retries=3"}},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
-			got := stores.Redact(tc.url)
+			got := redisstore.Redact(tc.url)
 			if strings.Contains(got, tc.secret) {
 				t.Fatalf("Redact(%q) = %q: the secret %q is still there", tc.url, got, tc.secret)
 			}
@@ -207,7 +208,7 @@ func TestAStorePasswordReachesRedis(t *testing.T) {
 			t.Errorf("%s: Check = %v, want ErrInvalid without the password", name, err)
 		}
 	}
-	if !stores.HasSecret(srv.URL()) || stores.HasSecret(bare) || !stores.HasSecret("redis-sentinel://a:1/0?master=m&sentinel_password=x") {
+	if !redisstore.HasSecret(srv.URL()) || redisstore.HasSecret(bare) || !redisstore.HasSecret("redis-sentinel://a:1/0?master=m&sentinel_password=x") {
 		t.Errorf("HasSecret does not tell a URL with a secret from one without")
 	}
 }
