@@ -607,6 +607,12 @@ func (g *group) reads() ([]string, []string) {
 				}
 			case "Q", "q":
 				bases = append(bases, st.ops[i+1].(string))
+			case "N":
+				// Where the lease goes: the lone one, when it is the
+				// run's only effect in flight (lua/apply.lua).
+				fields = append(fields, loneLease, countField(state.IntentInFlight))
+			case "L", "l":
+				fields = append(fields, loneLease)
 			}
 		}
 	}

@@ -1,5 +1,7 @@
 package redisstore
 
+import "strings"
+
 // Key layout (docs/redis.md). Every key of a run carries the hash tag {RUN}
 // so that all of them hash to one slot and each script runs on one Redis
 // Cluster node. Run ids cannot contain braces (state.ValidateRunID), so the
@@ -45,17 +47,36 @@ type runKeys struct {
 	row, legacy, order, seq, inflight, sched, events string
 }
 
+// loneLease is the field of the run's hash that holds the key of its one
+// effect in flight, when it has only one: its lease is then in the record
+// alone, and the lease set is not written (lua/apply.lua). Readers take
+// it as one more member of the set.
+const loneLease = "l"
+
+// runKeySuffixes name the keys of a run, in the order of runKeys.
+var runKeySuffixes = [...]string{"run", "intents", "order", "seq", "inflight", "sched", "events"}
+
+// keysOf names a run's keys, all seven cut from one string: a call of many
+// runs names seven keys of each.
 func keysOf(runID string) runKeys {
-	p := keyPrefix + "{" + runID + "}:"
-	return runKeys{
-		row:      p + "run",
-		legacy:   p + "intents",
-		order:    p + "order",
-		seq:      p + "seq",
-		inflight: p + "inflight",
-		sched:    p + "sched",
-		events:   p + "events",
+	prefix := len(keyPrefix) + len(runID) + 3 // sg:{RUN}:
+	var b strings.Builder
+	b.Grow(len(runKeySuffixes)*prefix + len("runintentsorderseqinflightschedevents"))
+	var ends [len(runKeySuffixes)]int
+	for i, suffix := range runKeySuffixes {
+		b.WriteString(keyPrefix + "{")
+		b.WriteString(runID)
+		b.WriteString("}:")
+		b.WriteString(suffix)
+		ends[i] = b.Len()
 	}
+	all := b.String()
+	var k [len(runKeySuffixes)]string
+	start := 0
+	for i, end := range ends {
+		k[i], start = all[start:end], end
+	}
+	return runKeys{row: k[0], legacy: k[1], order: k[2], seq: k[3], inflight: k[4], sched: k[5], events: k[6]}
 }
 
 func (k runKeys) list() []string {

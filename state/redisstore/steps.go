@@ -460,7 +460,9 @@ func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int
 		op("h", field(k), r.mut)
 		from, to := w.From, in.State
 		switch {
-		case to == state.IntentInFlight && (from != to || old == nil || !in.LeaseExpires.Equal(old.in.LeaseExpires)):
+		case to == state.IntentInFlight && from != to:
+			op("N", -in.LeaseExpires.UnixMilli(), k)
+		case to == state.IntentInFlight && (old == nil || !in.LeaseExpires.Equal(old.in.LeaseExpires)):
 			op("L", -in.LeaseExpires.UnixMilli(), k)
 		case from == state.IntentInFlight && to != from:
 			op("l", k)

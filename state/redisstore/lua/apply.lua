@@ -31,8 +31,10 @@
 --           (the line added to the field's lines unless there), 'c' name n
 --           (a total, added), 'o' field prefix suffix
 --           (the run's next creation ordinal between them), 'q' base n
---           (a derived-key counter), 'L' score key and 'l' key (the lease
---           set), 'S' key and 's' key (the scheduled set), 'x' line (an
+--           (a derived-key counter), 'N' score key (a lease that begins:
+--           in the row's field l when it is the run's only effect in
+--           flight, else in the lease set), 'L' score key (a lease
+--           renewed) and 'l' key (a lease that ends), wherever it is, 'S' key and 's' key (the scheduled set), 'x' line (an
 --           audit event), 'p' channel message, 'D' (the keys of a layout
 --           this one replaced)
 --   answer  'R' field (its value before the step's writes)
@@ -42,13 +44,16 @@
 -- results a letter a step (o written, s stale, l late), the values of the
 -- row's own fields as read, in order (none when not asked), and each 'R' in
 -- order.
+-- EMPTY stands for a list or a set a group has nothing in; it is never
+-- written.
+local EMPTY = {}
 local CHECK = {['='] = true, ['#'] = true, ['>'] = true, ['<'] = true, ['^'] = true, Q = true, T = true}
 local ARITY = {['='] = 2, ['#'] = 2, ['>'] = 2, ['<'] = 2, ['^'] = 2, Q = 2, T = 1, h = 2, H = 2, ['+'] = 2, a = 2, o = 3, q = 2,
-  L = 2, l = 1, S = 1, s = 1, x = 1, p = 2, D = 0, R = 1, c = 2}
+  N = 2, L = 2, l = 1, S = 1, s = 1, x = 1, p = 2, D = 0, R = 1, c = 2}
 
 -- apply_group writes the steps of group g, whose arguments start at A[a],
--- and adds the changes of the totals it makes to tallies.
-local function apply_group(KEYS, A, g, a, clock, tallies)
+-- and answers, besides, the changes of the totals it makes (nil: none).
+local function apply_group(KEYS, A, g, a, clock)
   local call = redis.call
   local kb = (g - 1) * 7
   local k_run, k_legacy, k_order, k_seq, k_lease, k_sched, k_events =
@@ -64,13 +69,21 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
   end
   a = a + nf
   local nq = tonumber(A[a])
-  local bases = {}
-  for i = 1, nq do
-    bases[i] = A[a + i]
+  local bases = EMPTY
+  if nq > 0 then
+    bases = {}
+    for i = 1, nq do
+      bases[i] = A[a + i]
+    end
   end
   a = a + nq + 1
 
-  local view, read = {}, {}
+  -- Tables cost the interpreter more than anything else here: those most
+  -- groups never need are made at their first use.
+  local view, read = {}, EMPTY
+  if nrow > 0 then
+    read = {}
+  end
   local vals = call('HMGET', k_run, unpack(fields))
   for i, f in ipairs(fields) do
     local v = vals[i]
@@ -81,8 +94,9 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
       read[i] = v or false
     end
   end
-  local seq = {}
+  local seq = EMPTY
   if nq > 0 then
+    seq = {}
     local sv = call('HMGET', k_seq, unpack(bases))
     for i, b in ipairs(bases) do
       if sv[i] then
@@ -91,9 +105,8 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
     end
   end
 
-  local results, answers = {}, {}
-  local changed, quiet, qchanged, added = {}, {}, {}, {}
-  local lease_add, lease_del, sched_add, sched_del, lines, pubs = {}, {}, {}, {}, {}, {}
+  local results, changed, lines = {}, {}, {}
+  local answers, quiet, qchanged, added, lease_add, lease_del, sched_add, sched_del, pubs
   local drop = false
   -- A row of the old layout (no ordinal) is moved into this one before
   -- anything else.
@@ -170,14 +183,17 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
         local op = A[o]
         local f = A[o + 1]
         if op == 'R' then
+          answers = answers or {}
           answers[#answers + 1] = view[f] or false
         elseif op == 'h' then
           view[f] = A[o + 2]
           changed[f] = true
         elseif op == 'H' then
           view[f] = A[o + 2]
+          quiet = quiet or {}
           quiet[f] = true
         elseif op == 'c' then
+          added = added or {}
           added[f] = (added[f] or 0) + tonumber(A[o + 2])
         elseif op == '+' then
           view[f] = string.format('%d', (tonumber(view[f]) or 0) + tonumber(A[o + 2]))
@@ -195,22 +211,50 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
           view[f] = A[o + 2] .. n .. A[o + 3]
           changed[f] = true
         elseif op == 'q' then
+          if seq == EMPTY then
+            seq = {}
+          end
           seq[f] = A[o + 2]
+          qchanged = qchanged or {}
           qchanged[f] = true
+        elseif op == 'N' then
+          -- A lease that begins: the run's only effect in flight keeps
+          -- it in the row's field l, and the lease set is not written.
+          local key = A[o + 2]
+          if (view.l or '') == '' and tonumber(view['n:IN_FLIGHT']) == 1 then
+            view.l = key
+            changed.l = true
+          else
+            lease_add = lease_add or {}
+            lease_add[#lease_add + 1] = f
+            lease_add[#lease_add + 1] = key
+          end
         elseif op == 'L' then
-          lease_add[#lease_add + 1] = f
-          lease_add[#lease_add + 1] = A[o + 2]
+          if view.l ~= A[o + 2] then
+            lease_add = lease_add or {}
+            lease_add[#lease_add + 1] = f
+            lease_add[#lease_add + 1] = A[o + 2]
+          end
         elseif op == 'l' then
-          lease_del[#lease_del + 1] = f
+          if view.l == f then
+            view.l = ''
+            changed.l = true
+          else
+            lease_del = lease_del or {}
+            lease_del[#lease_del + 1] = f
+          end
         elseif op == 'S' then
+          sched_add = sched_add or {}
           sched_add[#sched_add + 1] = 0
           sched_add[#sched_add + 1] = f
         elseif op == 's' then
+          sched_del = sched_del or {}
           sched_del[#sched_del + 1] = f
         elseif op == 'x' then
           lines[#lines + 1] = 'e'
           lines[#lines + 1] = f
         elseif op == 'p' then
+          pubs = pubs or {}
           pubs[#pubs + 1] = {f, A[o + 2]}
         elseif op == 'D' then
           drop = true
@@ -230,7 +274,7 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
     hset[#hset + 1] = 't'
     hset[#hset + 1] = now
   end
-  for f in pairs(quiet) do
+  for f in pairs(quiet or EMPTY) do
     if not changed[f] then
       hset[#hset + 1] = f
       hset[#hset + 1] = view[f]
@@ -239,24 +283,24 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
   if #hset > 2 then
     call(unpack(hset))
   end
-  local qset = {'HSET', k_seq}
-  for b in pairs(qchanged) do
-    qset[#qset + 1] = b
-    qset[#qset + 1] = seq[b]
-  end
-  if #qset > 2 then
+  if qchanged then
+    local qset = {'HSET', k_seq}
+    for b in pairs(qchanged) do
+      qset[#qset + 1] = b
+      qset[#qset + 1] = seq[b]
+    end
     call(unpack(qset))
   end
-  if #lease_del > 0 then
+  if lease_del then
     call('ZREM', k_lease, unpack(lease_del))
   end
-  if #lease_add > 0 then
+  if lease_add then
     call('ZADD', k_lease, unpack(lease_add))
   end
-  if #sched_del > 0 then
+  if sched_del then
     call('ZREM', k_sched, unpack(sched_del))
   end
-  if #sched_add > 0 then
+  if sched_add then
     call('ZADD', k_sched, unpack(sched_add))
   end
   if drop then
@@ -272,41 +316,38 @@ local function apply_group(KEYS, A, g, a, clock, tallies)
       call('XADD', k_events, '*', unpack(lines))
     end
   end
-  for _, p in ipairs(pubs) do
+  for _, p in ipairs(pubs or EMPTY) do
     call('PUBLISH', p[1], p[2])
   end
-  for name, n in pairs(added) do
-    tallies[name] = (tallies[name] or 0) + n
-  end
-  return {table.concat(results), read, answers}
+  return {table.concat(results), read, answers or EMPTY}, added
 end
 
 local function apply(KEYS, A)
   local out = {}
   local clock = {}
-  local totals = {}
+  local totals
   local a = 2
   for g = 1, tonumber(A[1]) do
     -- A group starts with its length, so that an error in one run's
     -- steps (a key of the wrong type) answers those alone, as failed,
     -- and the other runs of the call go on.
     local n = tonumber(A[a])
-    local tallies = {}
-    local ok, res = pcall(apply_group, KEYS, A, g, a + 1, clock, tallies)
+    local ok, res, added = pcall(apply_group, KEYS, A, g, a + 1, clock)
     if not ok then
       if type(res) == 'table' and res.err then
         res = res.err
       end
       res = {'failed', tostring(res)}
-    else
-      for name, d in pairs(tallies) do
+    elseif added then
+      totals = totals or {}
+      for name, d in pairs(added) do
         totals[name] = (totals[name] or 0) + d
       end
     end
     out[g] = res
     a = a + 1 + n
   end
-  for name, d in pairs(totals) do
+  for name, d in pairs(totals or EMPTY) do
     if d ~= 0 then
       redis.call('HINCRBY', KEYS[#KEYS], name, d)
     end

@@ -57,7 +57,8 @@ local function read(KEYS, A)
     local leases, lease_recs, sched, sched_recs = {}, {}, {}, {}
     if want_leases then
       leases = call('ZRANGE', k_lease, 0, -1, 'WITHSCORES')
-      -- A lone lease an older layout kept in the row's field l.
+      -- The lone lease: the run's only effect in flight when it began,
+      -- kept in the row's field l (lua/apply.lua's N).
       local lone = call('HGET', k_run, 'l')
       if lone and lone ~= '' then
         leases[#leases + 1] = lone
