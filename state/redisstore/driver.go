@@ -341,6 +341,8 @@ func (s *Store) decideGroup(g *group) []*step {
 			ops = g.ops[start:len(g.ops):len(g.ops)]
 		}
 		if err == machine.ErrUnknown || err == errNeedsRead {
+			machine.Release(m)
+			g.ask(v, i+1, now)
 			return g.steps[i:]
 		}
 		st.mut, st.ops, st.err = m, ops, err
@@ -354,6 +356,23 @@ func (s *Store) decideGroup(g *group) []*step {
 		g.rendered = append(g.rendered, rendered)
 	}
 	return nil
+}
+
+// ask runs the rules of the group's steps from the i-th on, after one
+// that must wait for a read, only for what they ask of the run that the
+// view does not know: one read then takes what all of them ask, where a
+// run's steps that each name a record of their own (repeated requests,
+// each under a derived key) would otherwise be read again one by one.
+// What they decide is thrown away; they are decided again on the read.
+func (g *group) ask(v *runView, i int, now time.Time) {
+	for _, st := range g.steps[i:] {
+		if st.decide == nil {
+			continue
+		}
+		v.assume = st.assume
+		m, _ := st.decide(v, now)
+		machine.Release(m)
+	}
 }
 
 // settleGroup answers the steps of a group the program wrote, and returns
