@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -53,33 +52,16 @@ type BindingRequest struct {
 	LeaseTTL *TTL `json:"lease_ttl,omitempty"`
 }
 
-// Binding is a transparent binding as made or renewed.
-type Binding struct {
-	ID            string `json:"id"`
-	UID           uint32 `json:"uid"`
-	RunID         string `json:"run_id"`
-	CancelVersion int64  `json:"cancel_version,omitempty"`
-	// Port is where to redirect the uid (stopgate redirect install --port).
-	Port      int       `json:"port"`
-	Addrs     []string  `json:"addrs"`
-	LeaseTTL  TTL       `json:"lease_ttl"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
-
-// TransparentBinder makes, renews and ends bindings. Bind returns an error
-// wrapping ErrUIDBound for a uid that has one; Renew and Unbind one
-// wrapping ErrNoBinding for an id they do not know.
+// TransparentBinder makes, renews and ends bindings: the egress proxy's
+// (proxy.Bindings), passed in so that this package opens no socket. Bind
+// returns an error wrapping redirect.ErrUIDBound for a uid that has one;
+// Renew and Unbind one wrapping redirect.ErrNoBinding for an id they do not
+// know.
 type TransparentBinder interface {
-	Bind(ctx context.Context, uid uint32, runID string, version int64, ttl time.Duration) (Binding, error)
-	Renew(ctx context.Context, id string) (Binding, error)
-	Unbind(ctx context.Context, id string) error
+	Bind(uid uint32, runID string, version int64, ttl time.Duration) (redirect.Binding, error)
+	Renew(id string) (redirect.Binding, error)
+	Unbind(id string) error
 }
-
-// Errors a TransparentBinder wraps.
-var (
-	ErrUIDBound  = errors.New("uid already bound")
-	ErrNoBinding = errors.New("no such binding")
-)
 
 func (h *Handler) endpoints(r *http.Request, _ string) (int, any, error) {
 	return http.StatusOK, h.endpointInfo, nil
@@ -109,7 +91,7 @@ func (h *Handler) bind(r *http.Request, actor string) (int, any, error) {
 	if body.LeaseTTL != nil {
 		ttl = time.Duration(*body.LeaseTTL)
 	}
-	b, err := h.transparent.Bind(r.Context(), uint32(*body.UID), body.RunID, body.CancelVersion, ttl)
+	b, err := h.transparent.Bind(uint32(*body.UID), body.RunID, body.CancelVersion, ttl)
 	if err != nil {
 		return 0, nil, bindingError(err)
 	}
@@ -121,7 +103,7 @@ func (h *Handler) renewBinding(r *http.Request, _ string) (int, any, error) {
 	if h.transparent == nil {
 		return 0, nil, transparentOff()
 	}
-	b, err := h.transparent.Renew(r.Context(), r.PathValue("id"))
+	b, err := h.transparent.Renew(r.PathValue("id"))
 	if err != nil {
 		return 0, nil, bindingError(err)
 	}
@@ -133,7 +115,7 @@ func (h *Handler) unbind(r *http.Request, actor string) (int, any, error) {
 		return 0, nil, transparentOff()
 	}
 	id := r.PathValue("id")
-	if err := h.transparent.Unbind(r.Context(), id); err != nil {
+	if err := h.transparent.Unbind(id); err != nil {
 		return 0, nil, bindingError(err)
 	}
 	h.log.Info("control: transparent binding removed", "id", id, "actor", actor)
@@ -146,9 +128,9 @@ func transparentOff() error {
 
 func bindingError(err error) error {
 	switch {
-	case errors.Is(err, ErrUIDBound):
+	case errors.Is(err, redirect.ErrUIDBound):
 		return refusal.Wrap(err, refusal.UIDBound, "%v", err)
-	case errors.Is(err, ErrNoBinding):
+	case errors.Is(err, redirect.ErrNoBinding):
 		return refusal.Wrap(err, refusal.NotFound, "%v", err)
 	}
 	return err

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -34,34 +35,16 @@ type Bindings struct {
 	byUID  map[uint32]*binding
 }
 
-// Binding is one bound transparent listener.
-type Binding struct {
-	ID            string
-	UID           uint32
-	RunID         string
-	CancelVersion int64
-	// Port is the listener's port on 127.0.0.1 and, where IPv6 works, on
-	// [::1]: the kernel redirects IPv4 and IPv6 connections to the same port.
-	Port      int
-	Addrs     []string
-	TTL       time.Duration
-	ExpiresAt time.Time
-}
-
-// Errors of Bind, Renew and Unbind.
-var (
-	ErrUIDBound  = errors.New("uid already bound")
-	ErrNoBinding = errors.New("no such binding")
-)
-
 // Bounds of a binding's life without renewal.
 const (
 	MinBindingTTL = time.Second
 	MaxBindingTTL = time.Hour
 )
 
+// binding is one bound transparent listener: what Bind, Renew and List
+// return (redirect.Binding, the control API's type too), and what serves it.
 type binding struct {
-	Binding
+	redirect.Binding
 	tr    *Transparent
 	timer *time.Timer
 }
@@ -73,40 +56,40 @@ func (p *Proxy) NewBindings() *Bindings {
 
 // Bind opens a transparent listener for run, reserved for uid, that lives
 // for ttl unless renewed. A uid holds one binding at a time: a second is
-// ErrUIDBound, whatever its run, because the kernel redirects a uid to one
+// redirect.ErrUIDBound, whatever its run, because the kernel redirects a uid to one
 // port only.
-func (b *Bindings) Bind(uid uint32, run string, version int64, ttl time.Duration) (Binding, error) {
+func (b *Bindings) Bind(uid uint32, run string, version int64, ttl time.Duration) (redirect.Binding, error) {
 	if err := state.ValidateRunID(run); err != nil {
-		return Binding{}, err
+		return redirect.Binding{}, err
 	}
 	if version < 0 {
-		return Binding{}, fmt.Errorf("%w: cancel_version %d is negative", state.ErrInvalid, version)
+		return redirect.Binding{}, fmt.Errorf("%w: cancel_version %d is negative", state.ErrInvalid, version)
 	}
 	if ttl < MinBindingTTL || ttl > MaxBindingTTL {
-		return Binding{}, fmt.Errorf("%w: ttl %s: want %s to %s", state.ErrInvalid, ttl, MinBindingTTL, MaxBindingTTL)
+		return redirect.Binding{}, fmt.Errorf("%w: ttl %s: want %s to %s", state.ErrInvalid, ttl, MinBindingTTL, MaxBindingTTL)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return Binding{}, errors.New("bindings are closed: stopgate is stopping")
+		return redirect.Binding{}, errors.New("bindings are closed: stopgate is stopping")
 	}
 	if old := b.byUID[uid]; old != nil {
-		return Binding{}, fmt.Errorf("%w: uid %d is bound to run %s until %s (another exec --isolate?); pick another uid", ErrUIDBound, uid, old.RunID, old.ExpiresAt.Format(time.RFC3339))
+		return redirect.Binding{}, fmt.Errorf("%w: uid %d is bound to run %s until %s (another exec --isolate?); pick another uid", redirect.ErrUIDBound, uid, old.RunID, old.ExpiresAt.Format(time.RFC3339))
 	}
 	tr, err := b.p.NewTransparent(TransparentOptions{Run: run, Version: version})
 	if err != nil {
-		return Binding{}, err
+		return redirect.Binding{}, err
 	}
 	lns, err := listenLoopbackPair()
 	if err != nil {
 		_ = tr.Close()
-		return Binding{}, err
+		return redirect.Binding{}, err
 	}
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
-	bd := &binding{tr: tr, Binding: Binding{
+	bd := &binding{tr: tr, Binding: redirect.Binding{
 		ID: hex.EncodeToString(idb[:]), UID: uid, RunID: run, CancelVersion: version,
-		Port: lns[0].Addr().(*net.TCPAddr).Port, TTL: ttl, ExpiresAt: time.Now().Add(ttl),
+		Port: lns[0].Addr().(*net.TCPAddr).Port, LeaseTTL: ttl, ExpiresAt: time.Now().UTC().Add(ttl),
 	}}
 	for _, ln := range lns {
 		bd.Addrs = append(bd.Addrs, ln.Addr().String())
@@ -124,15 +107,15 @@ func (b *Bindings) Bind(uid uint32, run string, version int64, ttl time.Duration
 }
 
 // Renew extends a binding by its TTL from now.
-func (b *Bindings) Renew(id string) (Binding, error) {
+func (b *Bindings) Renew(id string) (redirect.Binding, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bd := b.byID[id]
 	if bd == nil {
-		return Binding{}, fmt.Errorf("%w: %s (expired, removed, or made by a stopgate that has restarted since)", ErrNoBinding, id)
+		return redirect.Binding{}, fmt.Errorf("%w: %s (expired, removed, or made by a stopgate that has restarted since)", redirect.ErrNoBinding, id)
 	}
-	bd.timer.Reset(bd.TTL)
-	bd.ExpiresAt = time.Now().Add(bd.TTL)
+	bd.timer.Reset(bd.LeaseTTL)
+	bd.ExpiresAt = time.Now().UTC().Add(bd.LeaseTTL)
 	return bd.Binding, nil
 }
 
@@ -145,7 +128,7 @@ func (b *Bindings) Unbind(id string) error {
 	}
 	b.mu.Unlock()
 	if bd == nil {
-		return fmt.Errorf("%w: %s", ErrNoBinding, id)
+		return fmt.Errorf("%w: %s", redirect.ErrNoBinding, id)
 	}
 	b.log.Info("transparent binding closed", "id", id, "uid", bd.UID, "run", bd.RunID)
 	return bd.tr.Close()
@@ -167,10 +150,10 @@ func (b *Bindings) Close() {
 }
 
 // List returns the open bindings.
-func (b *Bindings) List() []Binding {
+func (b *Bindings) List() []redirect.Binding {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	out := make([]Binding, 0, len(b.byID))
+	out := make([]redirect.Binding, 0, len(b.byID))
 	for _, bd := range b.byID {
 		out = append(out, bd.Binding)
 	}

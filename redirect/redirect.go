@@ -13,8 +13,12 @@
 // replaced atomically (iptables-restore --noflush), so Install is
 // idempotent and a re-install to another port leaves no moment unguarded.
 //
+// It also names what such rules point at, a Binding: the transparent
+// listener the proxy binds to one run for one uid, the one type the proxy,
+// the control API and its client share.
+//
 // It uses the system's iptables commands and never reads or changes rules
-// other than its own.
+// other than its own; it opens no listener (the proxy does).
 package redirect
 
 import (

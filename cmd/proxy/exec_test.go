@@ -15,6 +15,7 @@ import (
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
 )
@@ -125,11 +126,15 @@ func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
 	}
 	uid := int64(61040)
 	b, err := cl.Bind(ctx, control.BindingRequest{UID: &uid, RunID: "bind-1"})
-	if err != nil || b.StatusCode != http.StatusCreated || b.Value.Port == 0 || b.Value.RunID != "bind-1" {
+	if err != nil || b.StatusCode != http.StatusCreated || b.Value.Port == 0 || b.Value.RunID != "bind-1" ||
+		b.Value.LeaseTTL != control.DefaultBindingTTL || b.Value.ExpiresAt.IsZero() {
 		t.Fatalf("bind: %+v %v", b, err)
 	}
+	// The proxy's binding and its error are the API's: the same type and
+	// the same words, with no copy between them to drift.
 	var ae *client.APIError
-	if _, err := cl.Bind(ctx, control.BindingRequest{UID: &uid, RunID: "bind-2"}); !errors.As(err, &ae) || ae.Code != refusal.UIDBound {
+	if _, err := cl.Bind(ctx, control.BindingRequest{UID: &uid, RunID: "bind-2"}); !errors.As(err, &ae) || ae.Code != refusal.UIDBound ||
+		!strings.Contains(ae.Message, "uid 61040 is bound to run bind-1") {
 		t.Fatalf("a second binding of the uid: %v", err)
 	}
 	if _, err := cl.RenewBinding(ctx, b.Value.ID); err != nil {
@@ -138,7 +143,7 @@ func TestTransparentBindingsThroughTheControlAPI(t *testing.T) {
 	if err := cl.Unbind(ctx, b.Value.ID); err != nil {
 		t.Fatalf("unbind: %v", err)
 	}
-	if err := cl.Unbind(ctx, b.Value.ID); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
+	if err := cl.Unbind(ctx, b.Value.ID); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound || !strings.Contains(ae.Message, redirect.ErrNoBinding.Error()) {
 		t.Fatalf("unbind twice: %v", err)
 	}
 	for _, bad := range []control.BindingRequest{{RunID: "no-uid"}, {UID: &uid}, {UID: &uid, RunID: "r", CancelVersion: -1}} {

@@ -57,14 +57,14 @@ func TestServeDefaultsAreTheirOwners(t *testing.T) {
 // neverBinder fails the test if the control API gets as far as binding.
 type neverBinder struct{ t *testing.T }
 
-func (b neverBinder) Bind(context.Context, uint32, string, int64, time.Duration) (control.Binding, error) {
+func (b neverBinder) Bind(uint32, string, int64, time.Duration) (redirect.Binding, error) {
 	b.t.Error("a uid out of range reached Bind")
-	return control.Binding{}, nil
+	return redirect.Binding{}, nil
 }
-func (b neverBinder) Renew(context.Context, string) (control.Binding, error) {
-	return control.Binding{}, control.ErrNoBinding
+func (b neverBinder) Renew(string) (redirect.Binding, error) {
+	return redirect.Binding{}, redirect.ErrNoBinding
 }
-func (b neverBinder) Unbind(context.Context, string) error { return control.ErrNoBinding }
+func (b neverBinder) Unbind(string) error { return redirect.ErrNoBinding }
 
 // TestBoundsAreRefusedTheSameByEveryEdge: the bounds package state and
 // package redirect own — a cancel's drain of at most 7 days, a uid from 0

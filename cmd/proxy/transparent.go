@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/proxy"
@@ -44,7 +41,7 @@ func startTransparent(cfg serveConfig, lns []net.Listener, egress *proxy.Proxy, 
 	log.Info("transparent listener serving", "addrs", addrs, "static_run", cfg.Run)
 	return &transparentParts{
 		addr:   lns[0].Addr().String(),
-		binder: bindingsAPI{bindings},
+		binder: bindings,
 		close: func() {
 			bindings.Close()
 			_ = tr.Close()
@@ -61,43 +58,3 @@ func runTokenMode(tokens *runtoken.Signer, required bool) string {
 	}
 	return control.RunTokensOff
 }
-
-// bindingsAPI serves the proxy's bindings to the control API.
-type bindingsAPI struct{ b *proxy.Bindings }
-
-func (a bindingsAPI) Bind(_ context.Context, uid uint32, run string, version int64, ttl time.Duration) (control.Binding, error) {
-	b, err := a.b.Bind(uid, run, version, ttl)
-	return apiBinding(b), apiBindingError(err)
-}
-
-func (a bindingsAPI) Renew(_ context.Context, id string) (control.Binding, error) {
-	b, err := a.b.Renew(id)
-	return apiBinding(b), apiBindingError(err)
-}
-
-func (a bindingsAPI) Unbind(_ context.Context, id string) error {
-	return apiBindingError(a.b.Unbind(id))
-}
-
-func apiBinding(b proxy.Binding) control.Binding {
-	return control.Binding{
-		ID: b.ID, UID: b.UID, RunID: b.RunID, CancelVersion: b.CancelVersion, Port: b.Port,
-		Addrs: b.Addrs, LeaseTTL: control.TTL(b.TTL), ExpiresAt: b.ExpiresAt.UTC(),
-	}
-}
-
-// apiBindingError keeps the proxy's message and adds the API's sentinel.
-func apiBindingError(err error) error {
-	switch {
-	case errors.Is(err, proxy.ErrUIDBound):
-		return &alsoErr{err, control.ErrUIDBound}
-	case errors.Is(err, proxy.ErrNoBinding):
-		return &alsoErr{err, control.ErrNoBinding}
-	}
-	return err
-}
-
-type alsoErr struct{ err, also error }
-
-func (e *alsoErr) Error() string   { return e.err.Error() }
-func (e *alsoErr) Unwrap() []error { return []error{e.err, e.also} }

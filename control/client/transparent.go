@@ -6,6 +6,7 @@ import (
 	"net/url"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/redirect"
 )
 
 // Endpoints reads where the stopgate's listeners are (GET /v1/endpoints).
@@ -16,13 +17,13 @@ func (c *Client) Endpoints(ctx context.Context) (Reply[control.Endpoints], error
 // Bind asks for a transparent listener bound to a run, for the kernel to
 // redirect one uid to (POST /v1/transparent/bindings). A uid that already
 // has one is an *APIError 409 uid_bound.
-func (c *Client) Bind(ctx context.Context, req control.BindingRequest) (Reply[control.Binding], error) {
-	return call[control.Binding](ctx, c, http.MethodPost, "/v1/transparent/bindings", nil, req)
+func (c *Client) Bind(ctx context.Context, req control.BindingRequest) (Reply[redirect.Binding], error) {
+	return call[redirect.Binding](ctx, c, http.MethodPost, "/v1/transparent/bindings", nil, req)
 }
 
 // RenewBinding keeps a binding for another lease.
-func (c *Client) RenewBinding(ctx context.Context, id string) (Reply[control.Binding], error) {
-	return call[control.Binding](ctx, c, http.MethodPost, "/v1/transparent/bindings/"+url.PathEscape(id)+"/renew", nil, nil)
+func (c *Client) RenewBinding(ctx context.Context, id string) (Reply[redirect.Binding], error) {
+	return call[redirect.Binding](ctx, c, http.MethodPost, "/v1/transparent/bindings/"+url.PathEscape(id)+"/renew", nil, nil)
 }
 
 // Unbind closes a binding's listener.
