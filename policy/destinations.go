@@ -44,6 +44,15 @@ const (
 	DefaultReport DestinationDefault = "report"
 )
 
+// InForce is the default that applies: Default, or DefaultAllow when the
+// policy names none.
+func (d Destinations) InForce() DestinationDefault {
+	if d.Default == "" {
+		return DefaultAllow
+	}
+	return d.Default
+}
+
 // Check says what is wrong with d's lists and default, naming the field.
 func (d Destinations) Check() error {
 	switch d.Default {

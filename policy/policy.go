@@ -77,6 +77,22 @@ func (p Policy) HostsWith(e Effects) []string {
 	return out
 }
 
+// RuleKinds are the kinds of rule a policy holds, in the order a start
+// line and a reload name how many of each it has (RuleCounts).
+var RuleKinds = []string{"pass_through", "delivery", "effects", "lookups", "webhooks", "allow_dest", "deny_dest", "report_dest",
+	"budget_rules", "tripwires", "llm_providers", "llm_prices"}
+
+// RuleCounts says how many rules of each kind (RuleKinds) p has.
+func (p Policy) RuleCounts() map[string]int {
+	d := p.Destinations
+	return map[string]int{
+		"pass_through": len(p.PassThrough), "delivery": len(p.Delivery), "effects": len(p.Effects),
+		"lookups": len(p.Lookups), "webhooks": len(p.Webhooks),
+		"allow_dest": len(d.Allow), "deny_dest": len(d.Deny), "report_dest": len(d.Report),
+		"budget_rules": len(p.Budgets.Rules), "tripwires": len(p.Tripwires), "llm_providers": len(p.LLM.Providers), "llm_prices": len(p.LLM.Prices),
+	}
+}
+
 // Webhook is one source's shared secret for HMAC-SHA256 signatures.
 type Webhook struct {
 	// Secret, or SecretEnv naming the environment variable that holds it.

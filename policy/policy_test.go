@@ -194,3 +194,31 @@ func FuzzPolicyParse(f *testing.F) {
 		}
 	})
 }
+
+// TestRuleCountsNameEveryKind: each kind of rule a policy holds is counted
+// under its name in RuleKinds, the names a start line and a reload use, so
+// a kind added to the policy and not to the count shows here.
+func TestRuleCountsNameEveryKind(t *testing.T) {
+	one := policy.Policy{
+		PassThrough: []string{"a.example"}, Delivery: []string{"b.example"}, Effects: map[string]policy.Effects{"c.example": policy.EffectsNone},
+		Lookups: []policy.Lookup{{Host: "d.example"}}, Webhooks: map[string]policy.Webhook{"src": {}},
+		Destinations: policy.Destinations{Allow: []string{"10.0.0.0/8"}, Deny: []string{"e.example"}, Report: []string{"f.example"}},
+		Budgets:      policy.Budgets{Rules: []policy.BudgetRule{{Name: "ci"}}}, Tripwires: []policy.Tripwire{{Name: "t"}},
+		LLM: policy.LLM{Providers: []policy.Provider{{API: "openai"}}, Prices: map[string]policy.ModelPrice{"m*": {}}},
+	}
+	counts := one.RuleCounts()
+	if len(counts) != len(policy.RuleKinds) {
+		t.Errorf("RuleCounts has %d kinds, RuleKinds %d", len(counts), len(policy.RuleKinds))
+	}
+	for _, k := range policy.RuleKinds {
+		if counts[k] != 1 {
+			t.Errorf("%s: %d, want 1", k, counts[k])
+		}
+	}
+	if got := (policy.Destinations{}).InForce(); got != policy.DefaultAllow {
+		t.Errorf("no default: in force %q, want allow", got)
+	}
+	if got := (policy.Destinations{Default: policy.DefaultReport}).InForce(); got != policy.DefaultReport {
+		t.Errorf("default report: in force %q", got)
+	}
+}

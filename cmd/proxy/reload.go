@@ -101,12 +101,12 @@ func (h *policyHolder) reload(ctx context.Context, by string) (control.PolicyRel
 	}
 	h.pol.Store(&pol)
 	h.metrics.PolicyReloaded(true)
-	out := control.PolicyReloaded{Config: h.cfg.Config, ReloadedAt: time.Now().UTC(), Rules: ruleCounts(pol)}
+	out := control.PolicyReloaded{Config: h.cfg.Config, ReloadedAt: time.Now().UTC(), Rules: pol.RuleCounts()}
 	if !reflect.DeepEqual(pol.Lookups, h.started.Lookups) {
 		out.Notes = append(out.Notes, "lookups changed: the reconciler keeps the lookups it started with until stopgate serve restarts")
 	}
 	attrs := []any{"config", h.cfg.Config, "by", by}
-	for _, k := range ruleKinds {
+	for _, k := range policy.RuleKinds {
 		attrs = append(attrs, k, out.Rules[k])
 	}
 	for _, n := range out.Notes {
@@ -114,25 +114,4 @@ func (h *policyHolder) reload(ctx context.Context, by string) (control.PolicyRel
 	}
 	h.log.Info("policy reloaded: new exchanges apply it, open ones keep the rules they started under", attrs...)
 	return out, nil
-}
-
-// ruleKinds are the counts a policy's start line and reload name.
-var ruleKinds = []string{"pass_through", "delivery", "effects", "allow_dest", "deny_dest", "report_dest", "lookups", "webhooks", "budget_rules", "tripwires", "llm_providers", "llm_prices"}
-
-func ruleCounts(pol policy.Policy) map[string]int {
-	d := pol.Destinations
-	return map[string]int{
-		"pass_through": len(pol.PassThrough), "delivery": len(pol.Delivery), "effects": len(pol.Effects),
-		"allow_dest": len(d.Allow), "deny_dest": len(d.Deny), "report_dest": len(d.Report),
-		"lookups": len(pol.Lookups), "webhooks": len(pol.Webhooks),
-		"budget_rules": len(pol.Budgets.Rules), "tripwires": len(pol.Tripwires), "llm_providers": len(pol.LLM.Providers), "llm_prices": len(pol.LLM.Prices),
-	}
-}
-
-// destinationDefault is the policy's default as the start line says it.
-func destinationDefault(pol policy.Policy) string {
-	if pol.Destinations.Default == "" {
-		return string(policy.DefaultAllow)
-	}
-	return string(pol.Destinations.Default)
 }

@@ -517,12 +517,14 @@ func (s *servers) shutdown(ctx context.Context, name string) error {
 
 func (inst *instance) logStart() {
 	cfg, log, lns, pol := inst.cfg, inst.log, inst.lns, inst.pol
-	log.Info("egress proxy serving", "addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit,
-		"pass_through", len(pol.PassThrough), "delivery", len(pol.Delivery), "effects", len(pol.Effects), "lookups", len(pol.Lookups), "webhooks", len(pol.Webhooks),
-		"allow_dest", len(cfg.AllowDest)+len(pol.Destinations.Allow), "deny_dest", len(pol.Destinations.Deny),
-		"report_dest", len(pol.Destinations.Report), "dest_default", destinationDefault(pol),
-		"budget_rules", len(pol.Budgets.Rules), "tripwires", len(pol.Tripwires), "llm_providers", len(pol.LLM.Providers), "llm_prices", len(pol.LLM.Prices),
-		"max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
+	attrs := []any{"addr", lns.proxy.Addr().String(), "instance", inst.owner, "static_run", cfg.Run, "auto_admit", cfg.AutoAdmit}
+	counts := pol.RuleCounts()
+	counts["allow_dest"] += len(cfg.AllowDest)
+	for _, k := range policy.RuleKinds {
+		attrs = append(attrs, k, counts[k])
+	}
+	attrs = append(attrs, "dest_default", pol.Destinations.InForce(), "max_conns", cfg.MaxConns, "max_conns_per_run", cfg.MaxConnsPerRun)
+	log.Info("egress proxy serving", attrs...)
 	log.Info("browser guard serving", "addr", lns.browser.Addr().String(), "chromium", cfg.Chromium, "linger", cfg.BrowserLinger, "max_browsers", cfg.BrowserMax,
 		"isolation", cfg.BrowserIsolation, "require_run_token", cfg.RequireRunToken, "upload_dir", cfg.BrowserUploadDir)
 	if cfg.BrowserIsolation == string(browserguard.IsolateNone) {
