@@ -15,13 +15,16 @@ test-deps:
 
 # Every test, against a real redis-server the tests start themselves, a real
 # Chromium, and the real CDP clients test-deps installs (puppeteer-core,
-# playwright-core). The fault suite (internal/evidence, 2 rounds of each
-# failure here) runs alone after the others: it starts many processes, and
-# other packages' tests with tight store timeouts should not share the
-# machine with it.
+# playwright-core). deploy/ is a Go module of its own (its tests decode the
+# Kubernetes manifests into the API's types, which stopgate does not run on).
+# The fault suite (internal/evidence, 2 rounds of each failure here) runs
+# alone after the others: it starts many processes, and other packages'
+# tests with tight store timeouts should not share the machine with it.
 test: test-deps
 	$(GO) vet ./...
+	cd deploy && $(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /internal/evidence)
+	cd deploy && $(GO) test -race -count=1 -timeout 10m ./...
 	$(GO) test -race -count=1 -timeout 10m ./internal/evidence
 
 # The performance instrument (docs/bench.md): the built stopgate against direct,

@@ -85,7 +85,7 @@ func TestEmptyPathIsTheZeroPolicy(t *testing.T) {
 }
 
 // TestShippedExamplePolicyIsValid: the example loads with nothing set in
-// the environment (cmd/proxy's TestShippedExamplePolicyStartsAsIs starts
+// the environment (deploy's TestShippedExamplePolicyStartsAsIs starts
 // serve with it), and its commented webhook source is valid once its
 // variable is set and it is uncommented.
 func TestShippedExamplePolicyIsValid(t *testing.T) {

@@ -9,50 +9,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/internal/testkit"
 )
-
-// fleetCAFiles makes the CA an operator hands to a fleet: a certificate
-// file and a key file (0600), outside any data directory.
-func fleetCAFiles(t *testing.T) (certFile, keyFile string) {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := proxy.LoadOrCreateCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
-}
-
-func TestServeConfigTakesTheCAFromFlagsOrEnvironment(t *testing.T) {
-	cfg, err := parseServeConfig([]string{"--ca-cert", "/etc/stopgate/ca/tls.crt", "--ca-key", "/etc/stopgate/ca/tls.key"}, env(nil))
-	if err != nil || cfg.CACert != "/etc/stopgate/ca/tls.crt" || cfg.CAKey != "/etc/stopgate/ca/tls.key" {
-		t.Fatalf("flags: %+v %v", cfg, err)
-	}
-	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_CA_CERT": "/c.pem", "STOPGATE_CA_KEY": "/k.pem"}))
-	if err != nil || cfg.CACert != "/c.pem" || cfg.CAKey != "/k.pem" {
-		t.Fatalf("environment: %+v %v", cfg, err)
-	}
-	for _, tc := range []struct {
-		args []string
-		env  map[string]string
-		say  string
-	}{
-		{[]string{"--ca-cert", "/c.pem"}, nil, "--ca-key: is empty"},
-		{[]string{"--ca-key", "/k.pem"}, nil, "--ca-cert: is empty"},
-		{nil, map[string]string{"STOPGATE_CA_CERT": "/c.pem"}, "--ca-key: is empty: an operator-provided CA needs both"},
-	} {
-		_, err := parseServeConfig(tc.args, env(tc.env))
-		var ue *usageError
-		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.say) {
-			t.Errorf("%q %v: got %v, want a usage error saying %q", tc.args, tc.env, err, tc.say)
-		}
-	}
-}
 
 // TestTwoInstancesServeTheFleetCA: two instances given one CA serve that
 // certificate to workers, and neither makes a CA of its own.
 func TestTwoInstancesServeTheFleetCA(t *testing.T) {
-	certFile, keyFile := fleetCAFiles(t)
+	certFile, keyFile := testkit.FleetCA(t)
 	want, err := os.ReadFile(certFile)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +43,7 @@ func TestTwoInstancesServeTheFleetCA(t *testing.T) {
 }
 
 func TestServeRefusesAnUnsafeFleetCA(t *testing.T) {
-	certFile, keyFile := fleetCAFiles(t)
+	certFile, keyFile := testkit.FleetCA(t)
 	if err := os.Chmod(keyFile, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stopgate/stopgate/cli"
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/internal/testkit"
@@ -28,41 +28,8 @@ import (
 // binary is the stopgate built by TestMain.
 var binary string
 
-// builtBinaryEnv passes the build to a test's re-run (netns.Enter); the
-// stopgate processes the tests start never see it (cleanEnv).
-const builtBinaryEnv = "STOPGATE_TEST_BINARY"
-
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	// A test re-run in a network namespace uses its parent's build.
-	if b := os.Getenv(builtBinaryEnv); b != "" {
-		binary = b
-		return m.Run()
-	}
-	dir, err := os.MkdirTemp("", "stopgate-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "temp dir:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "stopgate")
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "go not on PATH:", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, gobin, "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		return 1
-	}
-	os.Setenv(builtBinaryEnv, binary)
-	return m.Run()
+	os.Exit(testkit.MainWithStopgate(m, "../..", &binary))
 }
 
 // anyPort asks the kernel for a free port when serve listens: a test
@@ -308,8 +275,8 @@ func TestRequireDurableRefusesRedisWithoutFsync(t *testing.T) {
 	redis := redisserver.Start(t, redisserver.Options{})
 	code, _, errOut := runBinary(t, nil, "serve", "--proxy-addr", anyPort, "--control-addr", anyPort,
 		"--store", redis.URL(), "--require-durable", "--data-dir", t.TempDir())
-	if code != exitError || !strings.Contains(errOut, "--require-durable") {
-		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, exitError, errOut)
+	if code != cli.ExitError || !strings.Contains(errOut, "--require-durable") {
+		t.Fatalf("exit %d, want %d naming --require-durable; stderr:\n%s", code, cli.ExitError, errOut)
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/internal/testkit"
@@ -43,35 +42,6 @@ type prometheusRule struct {
 				Annotations map[string]string `yaml:"annotations"`
 			} `yaml:"rules"`
 		} `yaml:"groups"`
-	} `yaml:"spec"`
-}
-
-// podMonitor is deploy/monitoring/podmonitor.yaml, decoded strictly.
-type podMonitor struct {
-	APIVersion string `yaml:"apiVersion"`
-	Kind       string `yaml:"kind"`
-	Metadata   struct {
-		Name      string            `yaml:"name"`
-		Namespace string            `yaml:"namespace"`
-		Labels    map[string]string `yaml:"labels"`
-	} `yaml:"metadata"`
-	Spec struct {
-		Selector struct {
-			MatchExpressions []struct {
-				Key      string   `yaml:"key"`
-				Operator string   `yaml:"operator"`
-				Values   []string `yaml:"values"`
-			} `yaml:"matchExpressions"`
-		} `yaml:"selector"`
-		PodMetricsEndpoints []struct {
-			Port        string `yaml:"port"`
-			Path        string `yaml:"path"`
-			Interval    string `yaml:"interval"`
-			Relabelings []struct {
-				SourceLabels []string `yaml:"sourceLabels"`
-				TargetLabel  string   `yaml:"targetLabel"`
-			} `yaml:"relabelings"`
-		} `yaml:"podMetricsEndpoints"`
 	} `yaml:"spec"`
 }
 
@@ -195,9 +165,8 @@ func family(name string, served map[string]string) string {
 // TestMonitoringNamesWhatMetricsServes: every expression of the shipped
 // alerts and dashboard names at least one stopgate metric, each of which a
 // real serve lists on /metrics once it has refused, cut and drained (the
-// store's totals included), with
-// its brackets paired; the PodMonitor scrapes the port the manifests name
-// metrics, on the pods networkpolicy.yaml lets the scraper reach.
+// store's totals included), with its brackets paired. That the PodMonitor
+// scrapes the pods' metrics port is deploy's TestDeployPodMonitor.
 func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
 	held := testkit.NewUpstream(t, false, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	s := startServe(t, "--data-dir", t.TempDir(), "--sweep-interval", "100ms")
@@ -250,33 +219,6 @@ func TestMonitoringNamesWhatMetricsServes(t *testing.T) {
 		}
 	}))
 
-	var pm podMonitor
-	decodeStrict(t, "../../deploy/monitoring/podmonitor.yaml", &pm)
-	if pm.Kind != "PodMonitor" || pm.Metadata.Namespace != "stopgate" || len(pm.Spec.PodMetricsEndpoints) != 1 {
-		t.Fatalf("podmonitor.yaml: %+v", pm)
-	}
-	ep := pm.Spec.PodMetricsEndpoints[0]
-	f := loadFleet(t)
-	pods := f.pods()
-	for _, kind := range []string{"agent", "control"} {
-		selected := true
-		for _, e := range pm.Spec.Selector.MatchExpressions {
-			selected = selected && e.Operator == "In" && slices.Contains(e.Values, labels.Set(pods[kind].Labels).Get(e.Key))
-		}
-		if !selected {
-			t.Errorf("the PodMonitor does not select the %s pods", kind)
-		}
-		spec := pods[kind].Spec
-		named := false
-		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
-			for _, p := range c.Ports {
-				named = named || p.Name == ep.Port && p.ContainerPort == 9090
-			}
-		}
-		if !named || ep.Path != "/metrics" {
-			t.Errorf("the %s pods have no port %q on 9090 for %s", kind, ep.Port, ep.Path)
-		}
-	}
 }
 
 // TestTotalsOnMetricsFollowARunThroughUnknown: a run whose effect was in

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stopgate/stopgate/cli"
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/state"
 )
@@ -175,8 +176,8 @@ func TestServeSaysWhatElseCouldLoseACancel(t *testing.T) {
 			}
 			code, _, errOut := runBinary(t, tc.env, append([]string{"serve", "--proxy-addr", anyPort, "--control-addr", anyPort,
 				"--browser-addr", anyPort, "--store", bare, "--require-durable", "--data-dir", t.TempDir()}, tc.args...)...)
-			if code != exitError || !strings.Contains(errOut, "--require-durable") || !strings.Contains(errOut, tc.warn) || strings.Contains(errOut, testRedisPassword) {
-				t.Fatalf("--require-durable: exit %d, want %d naming the flag and %q, without the password; stderr:\n%s", code, exitError, tc.warn, errOut)
+			if code != cli.ExitError || !strings.Contains(errOut, "--require-durable") || !strings.Contains(errOut, tc.warn) || strings.Contains(errOut, testRedisPassword) {
+				t.Fatalf("--require-durable: exit %d, want %d naming the flag and %q, without the password; stderr:\n%s", code, cli.ExitError, tc.warn, errOut)
 			}
 		})
 	}

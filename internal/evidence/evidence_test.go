@@ -31,31 +31,7 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-// envBinary hands the built stopgate to the re-runs of this test binary
-// that a case makes (TransparentInFlight, in a network namespace), so that
-// they do not build it again.
-const envBinary = "STOPGATE_EVIDENCE_BINARY"
-
-func buildAndRun(m *testing.M) int {
-	if binary = os.Getenv(envBinary); binary != "" {
-		return m.Run()
-	}
-	dir, err := os.MkdirTemp("", "stopgate-evidence-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if binary, err = evidence.Build(ctx, dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	os.Exit(testkit.MainWithStopgate(m, "../..", &binary))
 }
 
 // rounds is how many times each case repeats: STOPGATE_EVIDENCE_RUNS, 2 by

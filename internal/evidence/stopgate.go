@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,16 +19,6 @@ import (
 	"github.com/stopgate/stopgate/control/client"
 	"github.com/stopgate/stopgate/internal/testkit"
 )
-
-// Build compiles the stopgate binary into dir and returns its path.
-func Build(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "stopgate")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/stopgate/stopgate/cmd/proxy").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %w\n%s", err, out)
-	}
-	return bin, nil
-}
 
 // Config is how a stopgate instance is started.
 type Config struct {

@@ -52,7 +52,7 @@ func caseTransparentInFlight(t *testing.T, n int, out *[]evidence.Round) {
 	defer cancel()
 	const name = "TestTransparentInFlightInNamespace"
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^"+name+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), envRoundsFile+"="+file, envBinary+"="+binary, "STOPGATE_EVIDENCE_RUNS="+strconv.Itoa(n))
+	cmd.Env = append(os.Environ(), envRoundsFile+"="+file, "STOPGATE_EVIDENCE_RUNS="+strconv.Itoa(n))
 	cmd.WaitDelay = 10 * time.Second
 	output, err := cmd.CombinedOutput()
 	rs, readErr := readRounds(file)

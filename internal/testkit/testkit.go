@@ -2,8 +2,8 @@
 // stores opened for a test (the embedded store in a temporary directory,
 // Redis on a real redis-server), a bounded poll, the path of the real
 // Chromium the browser tests drive, a program run as a real process until
-// it answers, the tools a test needs, a directory other uids can read, and a
-// test logger.
+// it answers, the stopgate binary built from the tree, a fleet's CA, the
+// tools a test needs, a directory other uids can read, and a test logger.
 //
 // It never mocks a store or a browser: a missing redis-server or Chromium
 // fails the test with how to install it. It is imported by tests only.

@@ -1,4 +1,10 @@
-package main
+// Package deploy_test holds the tests of deploy/: the files an operator
+// copies (images, Kubernetes manifests, docker compose, the example policy)
+// must work as shipped. It is a Go module of its own so that the Kubernetes
+// API types it decodes the manifests into are never among the product's
+// requirements; it runs stopgate's own parsing of serve's and redirect's
+// command lines (packages serve and cli) on them, and the built binary.
+package deploy_test
 
 import (
 	"bufio"
@@ -29,26 +35,48 @@ import (
 	k8sjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/stopgate/stopgate/cli"
 	"github.com/stopgate/stopgate/internal/redisserver"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/policy"
 	"github.com/stopgate/stopgate/proxy"
+	"github.com/stopgate/stopgate/serve"
 	"github.com/stopgate/stopgate/state/redisstore"
 )
 
-// The tests of deploy/: the files an operator copies must work as shipped.
+// binary is the stopgate TestMain builds from the repository.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(testkit.MainWithStopgate(m, "..", &binary))
+}
+
+// startServe starts the built `stopgate serve` with args, on ports of its
+// own choosing, in an environment without STOPGATE_* variables: a
+// developer's own settings cannot change what the test sees.
+func startServe(t *testing.T, args ...string) *testkit.Process {
+	t.Helper()
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STOPGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return testkit.StartServe(t, binary, args, env, "")
+}
 
 // TestShippedExamplePolicyStartsAsIs: deploy/stopgate.yaml loads with the
 // policy package and serve starts on it, with nothing set in the
 // environment (it used to need STOPGATE_WEBHOOK_PAYMENTS, so it did not).
 func TestShippedExamplePolicyStartsAsIs(t *testing.T) {
-	const example = "../../deploy/stopgate.yaml"
+	const example = "stopgate.yaml"
 	t.Setenv("STOPGATE_WEBHOOK_PAYMENTS", "")
 	pol, err := policy.Load(example)
 	if err != nil {
 		t.Fatalf("policy.Load(%s): %v", example, err)
 	}
 	s := startServe(t, "--data-dir", t.TempDir(), "--config", example)
-	resp, err := http.Get(s.control + "/readyz")
+	resp, err := http.Get("http://" + s.Bound.Control + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +134,7 @@ func decodeDocs(dec runtime.Decoder, b []byte) ([]runtime.Object, error) {
 
 func loadManifests(t *testing.T) []manifest {
 	t.Helper()
-	files, err := filepath.Glob("../../deploy/kubernetes/*.yaml")
+	files, err := filepath.Glob("kubernetes/*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
 	}
@@ -146,7 +174,7 @@ func TestDeployManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("no %s among the manifests: %v", want, kinds)
 		}
 	}
-	b, err := os.ReadFile("../../deploy/kubernetes/agent-job.yaml")
+	b, err := os.ReadFile("kubernetes/agent-job.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +226,7 @@ func loadFleet(t *testing.T) *fleet {
 	if f.job == nil || f.control == nil || f.redis == nil {
 		t.Fatalf("want an agent Job, a control Deployment and a Redis StatefulSet in deploy/kubernetes")
 	}
-	certFile, keyFile := fleetCAFiles(t)
+	certFile, keyFile := testkit.FleetCA(t)
 	f.caCert, _ = os.ReadFile(certFile)
 	f.caKey, _ = os.ReadFile(keyFile)
 	return f
@@ -230,7 +258,7 @@ func (f *fleet) configMapData(t *testing.T, name string) map[string][]byte {
 		return out
 	}
 	if name == "stopgate-policy" {
-		b, err := os.ReadFile("../../deploy/stopgate.yaml")
+		b, err := os.ReadFile("stopgate.yaml")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +374,7 @@ func expandKube(s string, vars map[string]string) string {
 
 // serveConfigOf feeds a stopgate container's arguments and environment,
 // resolved and with its volumes laid out, to serve's own flag parsing.
-func (f *fleet) serveConfigOf(t *testing.T, spec corev1.PodSpec, c corev1.Container) serveConfig {
+func (f *fleet) serveConfigOf(t *testing.T, spec corev1.PodSpec, c corev1.Container) serve.Config {
 	t.Helper()
 	if len(c.Command) != 0 || len(c.Args) == 0 || c.Args[0] != "serve" {
 		t.Fatalf("%s: want args [serve ...] on the image's stopgate entrypoint, got command %q args %q", c.Name, c.Command, c.Args)
@@ -357,7 +385,7 @@ func (f *fleet) serveConfigOf(t *testing.T, spec corev1.PodSpec, c corev1.Contai
 	for _, a := range c.Args[1:] {
 		args = append(args, path(expandKube(a, envs)))
 	}
-	cfg, err := parseServeConfig(args, func(k string) string { return path(envs[k]) })
+	cfg, err := serve.ParseConfig(args, func(k string) string { return path(envs[k]) })
 	if err != nil {
 		t.Fatalf("%s: stopgate serve %q: %v", c.Name, args, err)
 	}
@@ -493,13 +521,12 @@ func TestDeployAgentPodWiring(t *testing.T) {
 	}
 
 	// The redirect's arguments, through stopgate redirect's own flags.
-	fs, ro := newCLI(io.Discard, io.Discard, env(nil)).redirectFlags()
 	if len(redir.Args) == 0 || redir.Args[0] != "redirect" {
 		t.Fatalf("stopgate-redirect: want args [redirect install ...], got %q", redir.Args)
 	}
-	pos, err := parseInterspersed(fs, redir.Args[1:])
-	if err != nil || !slices.Equal(pos, []string{"install"}) || ro.port == 0 {
-		t.Fatalf("stopgate-redirect: %q: %v %q (want install with --uid and --port: serve is not up to be asked)", redir.Args, err, pos)
+	ro, err := cli.ParseRedirect(redir.Args[1:])
+	if err != nil || ro.Action != "install" || ro.Port == 0 {
+		t.Fatalf("stopgate-redirect: %q: %v %q (want install with --uid and --port: serve is not up to be asked)", redir.Args, err, ro.Action)
 	}
 	if !strings.HasSuffix(redir.Image, ":redirect") {
 		t.Errorf("stopgate-redirect: image %s, want the Dockerfile's redirect target (it has iptables)", redir.Image)
@@ -513,8 +540,8 @@ func TestDeployAgentPodWiring(t *testing.T) {
 		t.Errorf("stopgate: startup probe %v, want exec stopgate ca (the control API is on loopback, out of the kubelet's reach)", sidecar.StartupProbe)
 	}
 	cfg := f.serveConfigOf(t, spec, sidecar)
-	if _, port, _ := net.SplitHostPort(cfg.TransparentAddr); !isLoopbackAddr(cfg.TransparentAddr) || port != fmt.Sprint(ro.port) {
-		t.Errorf("stopgate: --transparent-addr %q, want loopback at the redirect's port %d", cfg.TransparentAddr, ro.port)
+	if _, port, _ := net.SplitHostPort(cfg.TransparentAddr); !isLoopbackAddr(cfg.TransparentAddr) || port != fmt.Sprint(ro.Port) {
+		t.Errorf("stopgate: --transparent-addr %q, want loopback at the redirect's port %d", cfg.TransparentAddr, ro.Port)
 	}
 	for flag, addr := range map[string]string{"proxy": cfg.ProxyAddr, "control": cfg.ControlAddr, "browser": cfg.BrowserAddr} {
 		if !isLoopbackAddr(addr) {
@@ -530,11 +557,11 @@ func TestDeployAgentPodWiring(t *testing.T) {
 	}
 	sidecarUID, _ := effectiveUser(spec, sidecar)
 	workerUID, _ := effectiveUser(spec, worker)
-	if workerUID == nil || *workerUID != ro.uid {
-		t.Errorf("worker: runs as uid %s, but the redirect is for uid %d", uidString(workerUID), ro.uid)
+	if workerUID == nil || *workerUID != int64(ro.UID) {
+		t.Errorf("worker: runs as uid %s, but the redirect is for uid %d", uidString(workerUID), ro.UID)
 	}
-	if sidecarUID == nil || *sidecarUID == ro.uid {
-		t.Errorf("stopgate: runs as the redirected uid %d: its own upstream connections would come back to it", ro.uid)
+	if sidecarUID == nil || *sidecarUID == int64(ro.UID) {
+		t.Errorf("stopgate: runs as the redirected uid %d: its own upstream connections would come back to it", ro.UID)
 	}
 
 	// The worker: no proxy variables (the redirect carries everything), no
@@ -647,7 +674,7 @@ func TestDeployControlPlaneWiring(t *testing.T) {
 	want := fmt.Sprintf("redis://%s.%s.svc:%d/", redisSvc.Name, redisSvc.Namespace, redisSvc.Spec.Ports[0].Port)
 	sidecar, _ := findContainer(f.job.Spec.Template.Spec.InitContainers, "stopgate")
 	redisPassword := f.redis.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
-	for name, sc := range map[string]serveConfig{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
+	for name, sc := range map[string]serve.Config{"control": cfg, "agent": f.serveConfigOf(t, f.job.Spec.Template.Spec, sidecar)} {
 		if !strings.HasPrefix(sc.Store, want) {
 			t.Errorf("%s: store %s is not the Redis Service (%s)", name, redisstore.Redact(sc.Store), want)
 		}
@@ -783,6 +810,77 @@ func TestDeployNetworkPolicies(t *testing.T) {
 	}
 }
 
+// podMonitor is monitoring/podmonitor.yaml, decoded strictly.
+type podMonitor struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	Metadata   struct {
+		Name      string            `yaml:"name"`
+		Namespace string            `yaml:"namespace"`
+		Labels    map[string]string `yaml:"labels"`
+	} `yaml:"metadata"`
+	Spec struct {
+		Selector struct {
+			MatchExpressions []struct {
+				Key      string   `yaml:"key"`
+				Operator string   `yaml:"operator"`
+				Values   []string `yaml:"values"`
+			} `yaml:"matchExpressions"`
+		} `yaml:"selector"`
+		PodMetricsEndpoints []struct {
+			Port        string `yaml:"port"`
+			Path        string `yaml:"path"`
+			Interval    string `yaml:"interval"`
+			Relabelings []struct {
+				SourceLabels []string `yaml:"sourceLabels"`
+				TargetLabel  string   `yaml:"targetLabel"`
+			} `yaml:"relabelings"`
+		} `yaml:"podMetricsEndpoints"`
+	} `yaml:"spec"`
+}
+
+// TestDeployPodMonitor: the PodMonitor scrapes the port the manifests name
+// metrics, on the pods networkpolicy.yaml lets the scraper reach. (That
+// every shipped expression names what serve's /metrics serves is
+// cmd/proxy's TestMonitoringNamesWhatMetricsServes.)
+func TestDeployPodMonitor(t *testing.T) {
+	b, err := os.ReadFile("monitoring/podmonitor.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pm podMonitor
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&pm); err != nil {
+		t.Fatalf("podmonitor.yaml: %v", err)
+	}
+	if pm.Kind != "PodMonitor" || pm.Metadata.Namespace != "stopgate" || len(pm.Spec.PodMetricsEndpoints) != 1 {
+		t.Fatalf("podmonitor.yaml: %+v", pm)
+	}
+	ep := pm.Spec.PodMetricsEndpoints[0]
+	f := loadFleet(t)
+	pods := f.pods()
+	for _, kind := range []string{"agent", "control"} {
+		selected := true
+		for _, e := range pm.Spec.Selector.MatchExpressions {
+			selected = selected && e.Operator == "In" && slices.Contains(e.Values, labels.Set(pods[kind].Labels).Get(e.Key))
+		}
+		if !selected {
+			t.Errorf("the PodMonitor does not select the %s pods", kind)
+		}
+		spec := pods[kind].Spec
+		named := false
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			for _, p := range c.Ports {
+				named = named || p.Name == ep.Port && p.ContainerPort == 9090
+			}
+		}
+		if !named || ep.Path != "/metrics" {
+			t.Errorf("the %s pods have no port %q on 9090 for %s", kind, ep.Port, ep.Path)
+		}
+	}
+}
+
 // stage is one FROM ... AS name of deploy/Dockerfile, with its
 // instructions (continuation lines joined).
 type stage struct {
@@ -792,7 +890,7 @@ type stage struct {
 
 func dockerfileStages(t *testing.T) []stage {
 	t.Helper()
-	b, err := os.ReadFile("../../deploy/Dockerfile")
+	b, err := os.ReadFile("Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -883,7 +981,7 @@ func TestDeployDockerfile(t *testing.T) {
 	if !slices.Equal(names, []string{"build", "browser", "redirect", "stopgate"}) {
 		t.Fatalf("stages %v, want build, browser, redirect and stopgate last (the default target)", names)
 	}
-	readme, err := os.ReadFile("../../deploy/README.md")
+	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -937,7 +1035,7 @@ func TestDeployDockerfile(t *testing.T) {
 		t.Errorf("redirect: want iptables installed")
 	}
 
-	ignore, err := os.ReadFile("../../.dockerignore")
+	ignore, err := os.ReadFile("../.dockerignore")
 	if err != nil {
 		t.Fatalf(".dockerignore: %v", err)
 	}
@@ -986,7 +1084,7 @@ func networksOf(n yaml.Node) []string {
 // start on it as configured; the agent reaches stopgate-a alone; only
 // stopgate-b's control API is published, on the laptop's loopback.
 func TestDeployCompose(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/docker-compose.yml")
+	b, err := os.ReadFile("docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1009,7 +1107,7 @@ func TestDeployCompose(t *testing.T) {
 			t.Errorf("%s: STOPGATE_STORE_PASSWORD %q: only the stopgate instances get Redis's password", name, p)
 		}
 	}
-	cfgs := map[string]serveConfig{}
+	cfgs := map[string]serve.Config{}
 	for _, name := range []string{"stopgate-a", "stopgate-b"} {
 		svc := c.Services[name]
 		stage := "stopgate"
@@ -1020,7 +1118,7 @@ func TestDeployCompose(t *testing.T) {
 		for k, v := range svc.Environment {
 			envs[k] = v
 		}
-		cfg, err := parseServeConfig(nil, func(k string) string { return envs[k] })
+		cfg, err := serve.ParseConfig(nil, func(k string) string { return envs[k] })
 		if err != nil {
 			t.Fatalf("%s: stopgate serve with its environment: %v", name, err)
 		}
@@ -1068,7 +1166,7 @@ func TestDeployCompose(t *testing.T) {
 // loads.
 func TestDeployReadmeCommands(t *testing.T) {
 	f := loadFleet(t)
-	b, err := os.ReadFile("../../deploy/README.md")
+	b, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

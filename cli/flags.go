@@ -1,9 +1,12 @@
-package main
+package cli
 
 import (
 	"errors"
 	"flag"
+	"net/netip"
 	"strings"
+
+	"github.com/stopgate/stopgate/redirect"
 )
 
 // parseInterspersed parses flags anywhere among args, as operators type
@@ -57,4 +60,25 @@ func flagError(verb string, err error) error {
 		return err
 	}
 	return usagef(verb, "%v", err)
+}
+
+// resolversFlag is a repeatable --dns, each resolver read as it is given
+// so that a bad one is refused naming the flag. None given leaves the list
+// nil: /etc/resolv.conf's, read by whoever uses them.
+type resolversFlag struct{ list *[]netip.AddrPort }
+
+func (f resolversFlag) String() string {
+	if f.list == nil {
+		return ""
+	}
+	return addrList(*f.list)
+}
+
+func (f resolversFlag) Set(s string) error {
+	ap, err := redirect.ParseResolver(s)
+	if err != nil {
+		return err
+	}
+	*f.list = append(*f.list, ap)
+	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type controlSecrets struct {
 // fresh stopgate is closed and yet its CLI works from the same directory.
 // It logs where each comes from, and warns about secrets that others can
 // read: on the command line, or in a file open to other users.
-func loadControlSecrets(cfg serveConfig, log *slog.Logger) (controlSecrets, error) {
+func loadControlSecrets(cfg Config, log *slog.Logger) (controlSecrets, error) {
 	var s controlSecrets
 	for _, flag := range strings.Split(cfg.SecretsOnCommandLine, ",") {
 		instead := flag + "-file or the environment"
@@ -61,7 +61,7 @@ func loadControlSecrets(cfg serveConfig, log *slog.Logger) (controlSecrets, erro
 		}
 	}
 	if s.signer, err = runtoken.New([]byte(secret)); err != nil {
-		return s, usagef("serve", "run-token secret: %v", err)
+		return s, configErrorf("run-token secret: %v", err)
 	}
 
 	if cfg.ControlAuth == authNone {
@@ -79,7 +79,7 @@ func loadControlSecrets(cfg serveConfig, log *slog.Logger) (controlSecrets, erro
 	if cfg.ReadTokenFile != "" {
 		s.read, _, err = control.ReadSecretFile(cfg.ReadTokenFile)
 		if err != nil {
-			return s, usagef("serve", "--read-token-file: %v", err)
+			return s, configErrorf("--read-token-file: %v", err)
 		}
 	} else if s.read, err = inDataDir("read-only token", control.ReadTokenFile, func() (string, error) {
 		return control.GenerateToken(control.ReadTokenPrefix)
@@ -87,7 +87,7 @@ func loadControlSecrets(cfg serveConfig, log *slog.Logger) (controlSecrets, erro
 		return s, err
 	}
 	if s.read == s.operator {
-		return s, usagef("serve", "the read-only token is the operator token; give them different values")
+		return s, configErrorf("the read-only token is the operator token; give them different values")
 	}
 	return s, nil
 }

@@ -1,18 +1,18 @@
-package main
+package cli
 
 import (
 	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
 	"flag"
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/user"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
+	"github.com/stopgate/stopgate/redirect"
+	"github.com/stopgate/stopgate/serve"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 )
@@ -65,184 +68,6 @@ func TestParseInterspersed(t *testing.T) {
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
-}
-
-func TestServeConfig(t *testing.T) {
-	cfg, err := parseServeConfig(nil, env(nil))
-	if err != nil {
-		t.Fatalf("defaults: %v", err)
-	}
-	want := serveConfig{ProxyAddr: "127.0.0.1:8080", ControlAddr: "127.0.0.1:8081", BrowserAddr: "127.0.0.1:8082",
-		Chromium: "/usr/bin/chromium", BrowserLinger: 30 * time.Second, BrowserMax: 8, BrowserIsolation: "namespaces", BrowserUID: 2147000000,
-		DataDir: "./stopgate-data", ControlAuth: "token",
-		DrainTimeout: 30 * time.Second, AutoAdmit: true, LogLevel: slog.LevelInfo,
-		LeaseTTL: 15 * time.Second, StoreTimeout: 2 * time.Second, RecheckInterval: 2 * time.Second, SweepInterval: time.Second, Retention: 7 * 24 * time.Hour, LogFormat: "text",
-		MaxBody: 256 << 20, MaxConns: 1024, MaxConnsPerRun: 256, MaxWatches: 1024, MaxWatchesPerRun: 64, TunnelHandshakeTimeout: 10 * time.Second, ClientIdleTimeout: 2 * time.Minute}
-	if !reflect.DeepEqual(cfg, want) {
-		t.Fatalf("defaults %+v, want %+v", cfg, want)
-	}
-	if sc := cfg.storeConfig(); sc.URL != "" || sc.DataDir != "./stopgate-data" {
-		t.Errorf("default store %+v, want the embedded store in ./stopgate-data", sc)
-	}
-
-	e := env(map[string]string{
-		"STOPGATE_CONTROL_ADDR": "127.0.0.1:9001", "STOPGATE_DRAIN_TIMEOUT": "5s", "STOPGATE_AUTO_ADMIT": "false",
-		"STOPGATE_STORE": "redis://127.0.0.1:6379/0", "STOPGATE_REQUIRE_DURABLE": "true", "STOPGATE_LOG_LEVEL": "debug",
-		"STOPGATE_CONTROL_TOKEN": "tok-0123456789abcdef", "STOPGATE_RUN": "static-1",
-	})
-	cfg, err = parseServeConfig([]string{"--control-addr", "127.0.0.1:9002"}, e)
-	if err != nil {
-		t.Fatalf("env: %v", err)
-	}
-	if cfg.ControlAddr != "127.0.0.1:9002" {
-		t.Errorf("flag did not win over env: %s", cfg.ControlAddr)
-	}
-	if cfg.DrainTimeout != 5*time.Second || cfg.AutoAdmit || !cfg.RequireDurable || cfg.LogLevel != slog.LevelDebug ||
-		cfg.Store != "redis://127.0.0.1:6379/0" || cfg.ControlToken != "tok-0123456789abcdef" || cfg.Run != "static-1" || cfg.SecretsOnCommandLine != "" {
-		t.Errorf("env not applied: %+v", cfg)
-	}
-	// --allow-dest repeats; its variable lists with commas; a flag wins over the variable.
-	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8, api.internal:8443"}))
-	if err != nil || !reflect.DeepEqual(cfg.AllowDest, []string{"10.0.0.0/8", "api.internal:8443"}) {
-		t.Errorf("STOPGATE_ALLOW_DEST: %q %v", cfg.AllowDest, err)
-	}
-	cfg, err = parseServeConfig([]string{"--allow-dest", "127.0.0.1", "--allow-dest", "fd00::/8"}, env(map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8"}))
-	if err != nil || !reflect.DeepEqual(cfg.AllowDest, []string{"127.0.0.1", "fd00::/8"}) {
-		t.Errorf("--allow-dest twice: %q %v", cfg.AllowDest, err)
-	}
-	cfg, err = parseServeConfig([]string{"--auto-admit=true", "--drain-timeout", "0s"}, e)
-	if err != nil || !cfg.AutoAdmit || cfg.DrainTimeout != 0 {
-		t.Errorf("flags over env: %+v, %v", cfg, err)
-	}
-
-	// Secrets read from files: the file's value, not the path, is the secret.
-	tokenFile, emptyFile := filepath.Join(t.TempDir(), "token"), filepath.Join(t.TempDir(), "empty")
-	if err := os.WriteFile(tokenFile, []byte("file-0123456789abcd\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(emptyFile, []byte("\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err = parseServeConfig([]string{"--control-token-file", tokenFile, "--run-token-secret", strings.Repeat("s", 32)}, env(nil))
-	if err != nil || cfg.ControlToken != "file-0123456789abcd" || cfg.SecretsOnCommandLine != "--run-token-secret" {
-		t.Errorf("token from a file: %+v %v; want the file's token, and --run-token-secret named as on the command line", cfg, err)
-	}
-	cfg, err = parseServeConfig([]string{"--control-token", "0123456789abcdef0"}, env(map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile + "-absent"}))
-	if err == nil || !strings.Contains(err.Error(), "STOPGATE_RUN_TOKEN_SECRET_FILE") {
-		t.Errorf("a missing secret file named in the environment: %+v %v", cfg, err)
-	}
-	cfg, err = parseServeConfig([]string{"--control-token", "0123456789abcdef0"}, env(nil))
-	if err != nil || cfg.SecretsOnCommandLine != "--control-token" {
-		t.Errorf("--control-token on the command line: %q %v", cfg.SecretsOnCommandLine, err)
-	}
-	// The Redis password: from a file or the environment, for every URL
-	// form; a password in --store on the command line is named for the
-	// warning, the same URL in STOPGATE_STORE is not.
-	for _, tc := range []struct {
-		args []string
-		env  map[string]string
-	}{
-		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", tokenFile}, nil},
-		{[]string{"--store", "redis-cluster://n1:7000,n2:7001"}, map[string]string{"STOPGATE_STORE_PASSWORD": "file-0123456789abcd"}},
-		{nil, map[string]string{"STOPGATE_STORE": "redis-sentinel://s1:26379/0?master=m", "STOPGATE_STORE_PASSWORD_FILE": tokenFile}},
-	} {
-		cfg, err = parseServeConfig(tc.args, env(tc.env))
-		if err != nil || cfg.storeConfig().Password != "file-0123456789abcd" || cfg.SecretsOnCommandLine != "" {
-			t.Errorf("store password %q %v: %q (on the command line %q) %v", tc.args, tc.env, cfg.StorePassword, cfg.SecretsOnCommandLine, err)
-		}
-	}
-	cfg, err = parseServeConfig([]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, env(nil))
-	if err != nil || cfg.SecretsOnCommandLine != "--store" {
-		t.Errorf("a password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
-	}
-	cfg, err = parseServeConfig([]string{"--store", "redis-sentinel://s1:26379/0?master=m&sentinel_password=hunter2"}, env(nil))
-	if err != nil || cfg.SecretsOnCommandLine != "--store" {
-		t.Errorf("a sentinel password in --store on the command line: %q %v", cfg.SecretsOnCommandLine, err)
-	}
-	cfg, err = parseServeConfig(nil, env(map[string]string{"STOPGATE_STORE": "redis://:hunter2@127.0.0.1:6379/0"}))
-	if err != nil || cfg.SecretsOnCommandLine != "" {
-		t.Errorf("a password in STOPGATE_STORE: %q %v", cfg.SecretsOnCommandLine, err)
-	}
-
-	bad := []struct {
-		args []string
-		env  map[string]string
-		say  string
-	}{
-		{[]string{"--drain-timeout", "soon"}, nil, "-drain-timeout: want a duration"},
-		{nil, map[string]string{"STOPGATE_DRAIN_TIMEOUT": "soon"}, "STOPGATE_DRAIN_TIMEOUT=\"soon\": want a duration"},
-		{[]string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: drain timeout -1s is negative"},
-		{nil, map[string]string{"STOPGATE_AUTO_ADMIT": "maybe"}, "STOPGATE_AUTO_ADMIT=\"maybe\": want true or false"},
-		{[]string{"--control-addr", "localhost"}, nil, "--control-addr: \"localhost\": want host:port"},
-		{nil, map[string]string{"STOPGATE_PROXY_ADDR": "127.0.0.1:http"}, "STOPGATE_PROXY_ADDR: \"127.0.0.1:http\": port"},
-		{[]string{"--proxy-addr", "127.0.0.1:99999"}, nil, "--proxy-addr"},
-		{[]string{"--proxy-addr", "127.0.0.1:9000", "--control-addr", "127.0.0.1:9000"}, nil, "different ports"},
-		{[]string{"--browser-addr", "127.0.0.1:8080"}, nil, "--browser-addr: \"127.0.0.1:8080\" is also the proxy address"},
-		{nil, map[string]string{"STOPGATE_BROWSER_ADDR": "nowhere"}, "STOPGATE_BROWSER_ADDR: \"nowhere\": want host:port"},
-		{[]string{"--chromium", ""}, nil, "--chromium: is empty"},
-		{[]string{"--browser-linger", "-1s"}, nil, "--browser-linger: -1s is negative"},
-		{nil, map[string]string{"STOPGATE_BROWSER_MAX": "0"}, "STOPGATE_BROWSER_MAX: 0: want a positive number of browsers"},
-		{[]string{"--browser-isolation", "chroot"}, nil, "--browser-isolation: isolation \"chroot\": want namespaces or none"},
-		{[]string{"--browser-isolation", "none", "--require-run-token"}, nil, "--browser-isolation: none leaves each browser's egress listener open to every local process"},
-		{[]string{"--browser-uid", "0"}, nil, "--browser-uid: 0: want a uid other than root's"},
-		{nil, map[string]string{"STOPGATE_BROWSER_UPLOAD_DIR": "/nonexistent/uploads"}, "STOPGATE_BROWSER_UPLOAD_DIR: /nonexistent/uploads is not a directory"},
-		{[]string{"--store", "postgres://db/x"}, nil, "--store: store URL \"postgres://db/x\": unknown scheme \"postgres\""},
-		{nil, map[string]string{"STOPGATE_STORE": "localhost:6379"}, "STOPGATE_STORE: store URL \"localhost:6379\": no scheme"},
-		{[]string{"--store", "redis://:hunter2@/0"}, nil, "no host: want redis://HOST:PORT/DB"},
-		{[]string{"--log-level", "loud"}, nil, "-log-level: want debug, info, warn or error"},
-		{[]string{"--run", "has space"}, nil, "--run: run id \"has space\""},
-		{[]string{"--config", "/nonexistent/policy.yaml"}, nil, "--config"},
-		{[]string{"--bogus"}, nil, "flag provided but not defined: -bogus"},
-		{[]string{"extra"}, nil, "takes no arguments"},
-		{[]string{"--lease-ttl", "0s"}, nil, "--lease-ttl: 0s: want a positive duration"},
-		{[]string{"--lease-ttl", "3s"}, nil, "shorter than three store timeouts"},
-		{nil, map[string]string{"STOPGATE_SWEEP_INTERVAL": "-1s"}, "STOPGATE_SWEEP_INTERVAL: -1s: want a positive duration"},
-		{[]string{"--cancel-replicas", "1"}, nil, "--cancel-replicas: 1 needs a Redis --store"},
-		{[]string{"--store", "redis://127.0.0.1:6379/0", "--cancel-replicas", "-1"}, nil, "--cancel-replicas: -1 is negative"},
-		{nil, map[string]string{"STOPGATE_CANCEL_REPLICAS": "2"}, "STOPGATE_CANCEL_REPLICAS: 2 needs a Redis --store"},
-		{[]string{"--max-body", "0"}, nil, "--max-body: 0: want a positive number of bytes"},
-		{[]string{"--max-body", "lots"}, nil, "-max-body"},
-		{[]string{"--spool-dir", "/nonexistent/spool"}, nil, "--spool-dir: /nonexistent/spool is not a directory"},
-		{[]string{"--run-token-secret", "short"}, nil, "--run-token-secret: is 5 bytes; want at least 32"},
-		{[]string{"--allow-dest", "http://10.0.0.1/"}, nil, "--allow-dest: allowed destinations: destination \"http://10.0.0.1/\": a URL"},
-		{nil, map[string]string{"STOPGATE_ALLOW_DEST": "10.0.0.0/8,10.1.2.3/8"}, "STOPGATE_ALLOW_DEST: allowed destinations: destination \"10.1.2.3/8\": host bits are set (did you mean 10.0.0.0/8?)"},
-		{[]string{"--allow-dest", "169.254.169.254"}, nil, "--allow-dest: allowed destinations: 169.254.169.254 is link-local or cloud metadata"},
-		{[]string{"--max-conns", "0"}, nil, "--max-conns: 0: want a positive number"},
-		{nil, map[string]string{"STOPGATE_MAX_CONNS_PER_RUN": "-1"}, "STOPGATE_MAX_CONNS_PER_RUN: -1: want a positive number"},
-		{[]string{"--max-watches", "0"}, nil, "--max-watches: 0: want a positive number"},
-		{nil, map[string]string{"STOPGATE_MAX_WATCHES_PER_RUN": "-1"}, "STOPGATE_MAX_WATCHES_PER_RUN: -1: want a positive number"},
-		{[]string{"--client-idle-timeout", "0s"}, nil, "--client-idle-timeout: 0s: want a positive duration"},
-		{[]string{"--tunnel-handshake-timeout", "soon"}, nil, "-tunnel-handshake-timeout: want a duration"},
-		{[]string{"--control-auth", "maybe"}, nil, `--control-auth: "maybe": want token or none`},
-		{[]string{"--control-token", "short"}, nil, "--control-token: is 5 bytes; want at least 16"},
-		{nil, map[string]string{"STOPGATE_CONTROL_TOKEN": "has a space in it, long"}, "STOPGATE_CONTROL_TOKEN: has a space"},
-		{[]string{"--control-token", "sg1.looks-like-a-run-token"}, nil, "looks like a run token"},
-		{[]string{"--control-token", "0123456789abcdef0"}, map[string]string{"STOPGATE_CONTROL_TOKEN_FILE": tokenFile}, "--control-token: and STOPGATE_CONTROL_TOKEN_FILE are both set"},
-		{[]string{"--control-auth", "none", "--control-token-file", tokenFile}, nil, "--control-token-file: is set, and --control-auth is none"},
-		{[]string{"--control-token-file", "/nonexistent/token"}, nil, "--control-token-file: open /nonexistent/token"},
-		{[]string{"--control-token-file", emptyFile}, nil, "--control-token-file: the secret in " + emptyFile + " is empty"},
-		{[]string{"--read-token-file", emptyFile}, nil, "--read-token-file: the secret in"},
-		{nil, map[string]string{"STOPGATE_RUN_TOKEN_SECRET_FILE": tokenFile}, "STOPGATE_RUN_TOKEN_SECRET_FILE: is 19 bytes; want at least 32"},
-		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", "/nonexistent/pw"}, nil, "--store-password-file: open /nonexistent/pw"},
-		{[]string{"--store", "redis://127.0.0.1:6379/0", "--store-password-file", emptyFile}, nil, "--store-password-file: the secret in"},
-		{[]string{"--store-password-file", tokenFile}, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "--store-password-file and STOPGATE_STORE_PASSWORD are both set"},
-		{[]string{"--store", "redis://:hunter2@127.0.0.1:6379/0"}, map[string]string{"STOPGATE_STORE_PASSWORD": "other-pw"}, "--store: store URL \"redis://:xxxxx@127.0.0.1:6379/0\" has a password"},
-		{nil, map[string]string{"STOPGATE_STORE_PASSWORD": "hunter2"}, "STOPGATE_STORE_PASSWORD: a store password needs a Redis store URL"},
-	}
-	for _, tc := range bad {
-		_, err := parseServeConfig(tc.args, env(tc.env))
-		var ue *usageError
-		if !errors.As(err, &ue) {
-			t.Errorf("%q %v: got %v, want a usage error", tc.args, tc.env, err)
-			continue
-		}
-		if !strings.Contains(err.Error(), tc.say) {
-			t.Errorf("%q %v: message %q does not say %q", tc.args, tc.env, err, tc.say)
-		}
-		if strings.Contains(err.Error(), "hunter2") {
-			t.Errorf("message leaks the password: %q", err)
-		}
-	}
 }
 
 // harness is a control API on the embedded store, and a CLI pointed at it
@@ -340,7 +165,7 @@ func TestVerbs(t *testing.T) {
 	h.want(t, []string{"status", "nope"}, 1, "", "run nope not found")
 	// A typo is not a stop: the tombstone is written, but cancel says no
 	// run was stopped and exits 4, unless the tombstone is meant.
-	h.want(t, []string{"cancel", "ghost"}, exitTombstone, "ghost was never admitted: recorded CANCELLED at cancel_version 2",
+	h.want(t, []string{"cancel", "ghost"}, ExitTombstone, "ghost was never admitted: recorded CANCELLED at cancel_version 2",
 		"ghost was never admitted: no run of that id was stopped")
 	h.want(t, []string{"admit", "ghost"}, 1, "", "run_not_active: run ghost is CANCELLED")
 	h.want(t, []string{"cancel", "ghost"}, 0, "ghost was already CANCELLED at cancel_version 2; nothing changed", "")
@@ -349,7 +174,7 @@ func TestVerbs(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	h.want(t, []string{"cancel", "ghost2", "--tombstone"}, 0, "ghost2 was never admitted: recorded CANCELLED at cancel_version 2", "")
 	time.Sleep(2 * time.Millisecond)
-	out = h.want(t, []string{"cancel", "ghost3", "--json"}, exitTombstone, `"tombstone":true`, "never admitted")
+	out = h.want(t, []string{"cancel", "ghost3", "--json"}, ExitTombstone, `"tombstone":true`, "never admitted")
 	if strings.Count(out, "\n") != 1 {
 		t.Errorf("cancel --json of a tombstone: %s", out)
 	}
@@ -361,9 +186,9 @@ func TestVerbs(t *testing.T) {
 	}
 	h.want(t, []string{"runs", "--since", "1h", "--prefix", "r"}, 0, "r2", "")
 	h.want(t, []string{"runs", "--since", "2999-01-01T00:00:00Z"}, 0, "no runs", "")
-	h.want(t, []string{"runs", "--since", "yesterday"}, exitUsage, "", "--since: \"yesterday\" is neither an RFC 3339 time")
-	h.want(t, []string{"runs", "--sort", "name"}, exitUsage, "", "--sort \"name\": want id, updated or created")
-	h.want(t, []string{"runs", "--limit", "-1"}, exitUsage, "", "--limit")
+	h.want(t, []string{"runs", "--since", "yesterday"}, ExitUsage, "", "--since: \"yesterday\" is neither an RFC 3339 time")
+	h.want(t, []string{"runs", "--sort", "name"}, ExitUsage, "", "--sort \"name\": want id, updated or created")
+	h.want(t, []string{"runs", "--limit", "-1"}, ExitUsage, "", "--limit")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -387,8 +212,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"help", "nope"}, `unknown verb "nope"`},
 	} {
 		code, _, errOut := h.cli(t, nil, tc.args...)
-		if code != exitUsage || !strings.Contains(errOut, tc.say) {
-			t.Errorf("stopgate %q: exit %d, stderr %q; want %d saying %q", tc.args, code, errOut, exitUsage, tc.say)
+		if code != ExitUsage || !strings.Contains(errOut, tc.say) {
+			t.Errorf("stopgate %q: exit %d, stderr %q; want %d saying %q", tc.args, code, errOut, ExitUsage, tc.say)
 		}
 	}
 	if code, out, _ := h.cli(t, nil, "help", "cancel"); code != 0 || !strings.Contains(out, "-drain") || !strings.Contains(out, "--wait") {
@@ -459,7 +284,7 @@ func TestCLIFindsItsToken(t *testing.T) {
 	// the token would have been.
 	t.Chdir(emptyDir)
 	code, _, errOut := h.cli(t, map[string]string{"STOPGATE_CONTROL_TOKEN": ""}, "status", "r1")
-	if code != exitError || !strings.Contains(errOut, "unauthorized") || !strings.Contains(errOut, "No token was sent") || !strings.Contains(errOut, "STOPGATE_DATA_DIR") {
+	if code != ExitError || !strings.Contains(errOut, "unauthorized") || !strings.Contains(errOut, "No token was sent") || !strings.Contains(errOut, "STOPGATE_DATA_DIR") {
 		t.Fatalf("exit %d, stderr %q; want a 401 that says no token was sent and where to find one", code, errOut)
 	}
 }
@@ -497,7 +322,7 @@ func TestCLISendsTheLocalTokenOnlyToThisMachine(t *testing.T) {
 func TestUnreachableControl(t *testing.T) {
 	h := newHarness(t, "")
 	code, _, errOut := h.cli(t, map[string]string{"STOPGATE_CONTROL": "http://127.0.0.1:1"}, "status", "r1")
-	if code != exitError || !strings.Contains(errOut, "cannot reach the control API at http://127.0.0.1:1") {
+	if code != ExitError || !strings.Contains(errOut, "cannot reach the control API at http://127.0.0.1:1") {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
@@ -534,7 +359,7 @@ func TestCancelWait(t *testing.T) {
 	})
 
 	t.Run("Tombstone", func(t *testing.T) {
-		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, exitTombstone, `"status":"CANCELLED"`, "never admitted")
+		h.want(t, []string{"cancel", "never-seen", "--wait", "--json"}, ExitTombstone, `"status":"CANCELLED"`, "never admitted")
 		h.want(t, []string{"cancel", "never-seen-2", "--wait", "--json", "--tombstone"}, 0, `"status":"CANCELLED"`, "")
 	})
 
@@ -547,8 +372,8 @@ func TestCancelWait(t *testing.T) {
 		}
 		sweep(t, h.store, "cut")
 		code, out, errOut := h.cli(t, nil, "cancel", "cut", "--drain", "0s", "--wait")
-		if code != exitUnknown {
-			t.Fatalf("exit %d, want %d\n%s\n%s", code, exitUnknown, out, errOut)
+		if code != ExitUnknown {
+			t.Fatalf("exit %d, want %d\n%s\n%s", code, ExitUnknown, out, errOut)
 		}
 		for _, s := range []string{"cut is UNKNOWN (drain_timeout)", "UNKNOWN=1", "charge-42", "https://api.example.com/v1/charges", "stopgate resolve cut charge-42 --applied|--not-applied"} {
 			if !strings.Contains(out, s) {
@@ -593,5 +418,75 @@ func TestActorWithoutUSERIsTheOSUser(t *testing.T) {
 	}
 	if got := newCLI(io.Discard, io.Discard, func(k string) string { return map[string]string{"USER": "alice"}[k] }).actor(); got != "cli:alice" {
 		t.Fatalf("actor() with USER=alice = %q", got)
+	}
+}
+
+// neverBinder fails the test if the control API gets as far as binding.
+type neverBinder struct{ t *testing.T }
+
+func (b neverBinder) Bind(uint32, string, int64, time.Duration) (redirect.Binding, error) {
+	b.t.Error("a uid out of range reached Bind")
+	return redirect.Binding{}, nil
+}
+
+func (b neverBinder) Renew(string) (redirect.Binding, error) {
+	return redirect.Binding{}, redirect.ErrNoBinding
+}
+
+func (b neverBinder) Unbind(string) error { return redirect.ErrNoBinding }
+
+// TestBoundsAreRefusedTheSameByEveryEdge: the bounds package state and
+// package redirect own — a cancel's drain of at most 7 days, a uid from 0
+// to 2^32-2 — are refused with their owner's words by serve's flags, the
+// CLI's verbs and the control API alike.
+func TestBoundsAreRefusedTheSameByEveryEdge(t *testing.T) {
+	store := testkit.FileStore(t)
+	api, err := control.New(control.Options{Store: store, Open: true, DrainTimeout: time.Minute, Transparent: neverBinder{t}, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	post := func(path, body string) (int, string) {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r struct{ Error, Message string }
+		_ = json.NewDecoder(resp.Body).Decode(&r)
+		return resp.StatusCode, r.Error + ": " + r.Message
+	}
+	cli := func(args ...string) (int, string) {
+		var stdout, stderr bytes.Buffer
+		c := newCLI(&stdout, &stderr, env(map[string]string{"STOPGATE_CONTROL": srv.URL}))
+		return c.run(context.Background(), args), stderr.String()
+	}
+
+	tooLong := state.MaxDrainTimeout + time.Hour
+	drainWords := state.Why(state.CheckDrainTimeout(tooLong))
+	if _, err := serve.ParseConfig([]string{"--drain-timeout", tooLong.String()}, env(nil)); err == nil || !strings.Contains(err.Error(), drainWords) {
+		t.Errorf("serve --drain-timeout %s: %v, want %q", tooLong, err, drainWords)
+	}
+	if code, out := cli("cancel", "r", "--drain", tooLong.String()); code != 2 || !strings.Contains(out, drainWords) {
+		t.Errorf("stopgate cancel --drain %s: exit %d %s, want 2 and %q", tooLong, code, out, drainWords)
+	}
+	if code, msg := post("/v1/runs/r/cancel", `{"drain_timeout":"`+tooLong.String()+`"}`); code != http.StatusBadRequest || !strings.Contains(msg, drainWords) {
+		t.Errorf("POST /v1/runs/r/cancel with a drain of %s: %d %s, want 400 and %q", tooLong, code, msg, drainWords)
+	}
+	if _, err := store.Get(context.Background(), "r"); err == nil {
+		t.Errorf("a refused cancel wrote a row")
+	}
+
+	const uid = int64(redirect.MaxUID) + 1
+	uidWords := redirect.CheckUID(uid)
+	if code, out := cli("redirect", "install", "--uid", "4294967295", "--port", "1"); code != 2 || !strings.Contains(out, uidWords) {
+		t.Errorf("stopgate redirect --uid %d: exit %d %s, want 2 and %q", uid, code, out, uidWords)
+	}
+	if code, out := cli("exec", "--run", "r", "--isolate", "--uid", "4294967295", "--", "true"); code != 2 || !strings.Contains(out, uidWords) {
+		t.Errorf("stopgate exec --uid %d: exit %d %s, want 2 and %q", uid, code, out, uidWords)
+	}
+	if code, msg := post("/v1/transparent/bindings", `{"uid":4294967295,"run_id":"r"}`); code != http.StatusBadRequest || !strings.Contains(msg, uidWords) {
+		t.Errorf("POST /v1/transparent/bindings uid %d: %d %s, want 400 and %q", uid, code, msg, uidWords)
 	}
 }

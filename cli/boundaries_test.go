@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -156,8 +156,8 @@ func TestBoundaryVerbUsage(t *testing.T) {
 		{[]string{"retry", "r1", "s1", "1", "--at", "tomorrow"}, `--at "tomorrow"`},
 	} {
 		code, _, errOut := h.cli(t, nil, tc.args...)
-		if code != exitUsage || !strings.Contains(errOut, tc.say) {
-			t.Errorf("stopgate %q: exit %d, stderr %q; want %d saying %q", tc.args, code, errOut, exitUsage, tc.say)
+		if code != ExitUsage || !strings.Contains(errOut, tc.say) {
+			t.Errorf("stopgate %q: exit %d, stderr %q; want %d saying %q", tc.args, code, errOut, ExitUsage, tc.say)
 		}
 	}
 	for _, verb := range []string{"resolve", "ca", "claim", "retry"} {

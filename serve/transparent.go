@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"log/slog"
@@ -20,7 +20,7 @@ type transparentParts struct {
 
 // startTransparent serves the transparent listeners lns (none: off); they
 // are closed with the listeners if it fails.
-func startTransparent(cfg serveConfig, lns []net.Listener, egress *proxy.Proxy, log *slog.Logger) (*transparentParts, error) {
+func startTransparent(cfg Config, lns []net.Listener, egress *proxy.Proxy, log *slog.Logger) (*transparentParts, error) {
 	if len(lns) == 0 {
 		return &transparentParts{close: func() {}}, nil
 	}

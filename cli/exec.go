@@ -1,6 +1,7 @@
-package main
+package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,7 +28,7 @@ type execOpts struct {
 	uidSet       bool
 	admit        bool
 	proxy        string
-	dns          []string
+	dns          []netip.AddrPort
 	cancelSignal string
 	controlFlags
 }
@@ -48,7 +49,7 @@ func (c *cli) execFlags() (*flag.FlagSet, *execOpts) {
 	})
 	fs.BoolVar(&o.admit, "admit", false, "admit RUN if it was never seen (operator token); without it such a run is refused, so a mistyped id is not a new run")
 	fs.StringVar(&o.proxy, "proxy", "", "the egress proxy's `host:port` (default $STOPGATE_PROXY, else asked of --control when the token may, else "+agentexec.DefaultProxy+")")
-	fs.Var(listValue{&o.dns}, "dns", "`ADDR[:PORT]` of a resolver CMD's DNS is carried to (repeatable; default: the nameservers of /etc/resolv.conf); no other UDP leaves")
+	fs.Var(resolversFlag{&o.dns}, "dns", "`ADDR[:PORT]` of a resolver CMD's DNS is carried to (repeatable; default: the nameservers of /etc/resolv.conf); no other UDP leaves")
 	fs.StringVar(&o.cancelSignal, "cancel-signal", "TERM", "the `signal` CMD's processes get when the run's cancel commits, or none")
 	o.controlFlags.define(fs, "")
 	return fs, o
@@ -86,10 +87,6 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 	if err != nil {
 		return usagef("exec", "--cancel-signal %v", err)
 	}
-	resolvers, err := resolverFlags(o.dns)
-	if err != nil {
-		return usagef("exec", "--dns: %v", err)
-	}
 	cl, err := c.controlClient("exec", o.controlFlags)
 	if err != nil {
 		return err
@@ -106,29 +103,12 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 	}
 	err = agentexec.Run(ctx, agentexec.Options{
 		Client: cl, Token: c.token, Run: o.run, Version: o.version, Argv: argv, Mode: mode, UID: uid,
-		Admit: o.admit, Proxy: cmpOr(o.proxy, c.getenv("STOPGATE_PROXY")), DNS: resolvers, CancelSignal: sig,
-		Stdin: os.Stdin, Stdout: c.stdout, Stderr: c.stderr,
+		Admit: o.admit, Proxy: cmp.Or(o.proxy, c.getenv("STOPGATE_PROXY")), DNS: o.dns, CancelSignal: sig,
+		Stdin: c.stdin, Stdout: c.stdout, Stderr: c.stderr,
 	})
 	var ee *agentexec.ExitError
 	if errors.As(err, &ee) {
 		return &exitCodeError{code: ee.Code}
 	}
 	return err
-}
-
-// resolverFlags are the resolvers --dns names; nil when none is given.
-func resolverFlags(flags []string) ([]netip.AddrPort, error) {
-	if len(flags) == 0 {
-		return nil, nil
-	}
-	return resolvers(flags)
-}
-
-func cmpOr(vals ...string) string {
-	for _, v := range vals {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

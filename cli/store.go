@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -8,17 +8,6 @@ import (
 
 	"github.com/stopgate/stopgate/control"
 )
-
-const storeUsage = `Usage: stopgate store acknowledge-reset --reason R [--json]
-
-A Redis store that finds it lost writes it had acknowledged (FLUSHALL or FLUSHDB, a
-restart without persistence, an older copy restored, a run's row evicted or deleted) is
-marked reset: every instance refuses every admission and every guarded effect (503) and
-answers /readyz 503, until an operator acknowledges the reset. First cancel again the
-runs the store may have lost (a cancel of a run it no longer has writes its tombstone),
-then acknowledge, saying what was done: R goes to the store's marker and to the log of
-the instance that takes it. The other instances admit again within their marker check.
-`
 
 // storeVerb is stopgate store SUBCOMMAND: the store's own acts.
 func (c *cli) storeVerb(ctx context.Context, args []string) error {

@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"errors"
@@ -23,9 +23,9 @@ import (
 	"github.com/stopgate/stopgate/state/stores"
 )
 
-// serveConfig is everything stopgate serve is told, from flags and
+// Config is everything stopgate serve is told, from flags and
 // STOPGATE_* variables, checked before anything starts.
-type serveConfig struct {
+type Config struct {
 	ProxyAddr   string // egress proxy listener
 	ControlAddr string // control API listener
 	BrowserAddr string // browser guard (CDP) listener
@@ -133,8 +133,20 @@ type serveConfig struct {
 	CACert, CAKey string
 }
 
+// ConfigError is a mistake in what serve was told (a flag, a variable, a
+// file either names), said naming where the value came from: the
+// operator's to fix before serve can start, where any other error is the
+// server's. The CLI exits 2 on it.
+type ConfigError struct{ msg string }
+
+func (e *ConfigError) Error() string { return e.msg }
+
+func configErrorf(format string, args ...any) error {
+	return &ConfigError{msg: fmt.Sprintf(format, args...)}
+}
+
 // logger writes serve's log to w in the configured format and level.
-func (c serveConfig) logger(w io.Writer) *slog.Logger {
+func (c Config) logger(w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: c.LogLevel}
 	if c.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
@@ -143,16 +155,23 @@ func (c serveConfig) logger(w io.Writer) *slog.Logger {
 }
 
 // storeConfig is the store serve opens.
-func (c serveConfig) storeConfig() stores.Config {
+func (c Config) storeConfig() stores.Config {
 	return stores.Config{URL: c.Store, Password: c.StorePassword, DataDir: c.DataDir, RequireDurable: c.RequireDurable, OpTimeout: c.StoreTimeout, CancelReplicas: c.CancelReplicas}
 }
 
-// newServeFlags defines serve's flags, with their defaults, on a fresh set.
-func newServeFlags() (*flag.FlagSet, *serveConfig) {
+// Flags are serve's flags with their defaults and help, as `stopgate help
+// serve` prints them.
+func Flags() *flag.FlagSet {
+	fs, _ := newFlags()
+	return fs
+}
+
+// newFlags defines serve's flags, with their defaults, on a fresh set.
+func newFlags() (*flag.FlagSet, *Config) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	cfg := &serveConfig{LogLevel: slog.LevelInfo}
+	cfg := &Config{LogLevel: slog.LevelInfo}
 	fs.StringVar(&cfg.ProxyAddr, "proxy-addr", "127.0.0.1:8080", "egress proxy listen address (host:port)")
 	fs.StringVar(&cfg.ControlAddr, "control-addr", "127.0.0.1:8081", "control API listen address (host:port)")
 	fs.StringVar(&cfg.BrowserAddr, "browser-addr", "127.0.0.1:8082", "browser guard (CDP websocket) listen address (host:port)")
@@ -223,17 +242,18 @@ func envName(flagName string) string {
 	return "STOPGATE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseServeConfig reads serve's command line over the environment (a flag
+// ParseConfig reads serve's command line over the environment (a flag
 // on the command line wins) and checks every value, naming the flag or the
 // variable that was wrong.
-func parseServeConfig(args []string, getenv func(string) string) (serveConfig, error) {
-	fs, cfg := newServeFlags()
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return serveConfig{}, flagError("serve", err)
+func ParseConfig(args []string, getenv func(string) string) (Config, error) {
+	fs, cfg := newFlags()
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return Config{}, err
+	} else if err != nil {
+		return Config{}, configErrorf("%v", err)
 	}
-	if len(pos) > 0 {
-		return serveConfig{}, usagef("serve", "takes no arguments, got %q", pos)
+	if pos := fs.Args(); len(pos) > 0 {
+		return Config{}, configErrorf("takes no arguments, got %q", pos)
 	}
 	// source names where each value came from, for the error messages.
 	source := map[string]string{}
@@ -260,26 +280,26 @@ func parseServeConfig(args []string, getenv func(string) string) (serveConfig, e
 			return
 		}
 		if err := fs.Set(f.Name, v); err != nil {
-			envErr = usagef("serve", "%s=%q: %v", name, v, err)
+			envErr = configErrorf("%s=%q: %v", name, v, err)
 		}
 		source[f.Name] = name
 	})
 	if envErr != nil {
-		return serveConfig{}, envErr
+		return Config{}, envErr
 	}
 	// The password's variable has no flag: it is read here, apart.
 	if cfg.StorePassword = getenv(storePasswordEnv); cfg.StorePassword != "" {
 		source["store-password"] = storePasswordEnv
 	}
 	if err := cfg.validate(source); err != nil {
-		return serveConfig{}, err
+		return Config{}, err
 	}
 	return *cfg, nil
 }
 
-func (c *serveConfig) validate(source map[string]string) error {
+func (c *Config) validate(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
-		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+		return configErrorf("%s: %s", source[name], fmt.Sprintf(format, args...))
 	}
 	if err := c.readStorePassword(source); err != nil {
 		return err
@@ -296,7 +316,7 @@ func (c *serveConfig) validate(source map[string]string) error {
 type badFlag func(name, format string, args ...any) error
 
 // checkListeners: every address parses, and no two listeners share one.
-func (c *serveConfig) checkListeners(bad badFlag) error {
+func (c *Config) checkListeners(bad badFlag) error {
 	for name, addr := range map[string]string{"proxy-addr": c.ProxyAddr, "control-addr": c.ControlAddr, "browser-addr": c.BrowserAddr} {
 		if err := checkAddr(addr); err != nil {
 			return bad(name, "%q: %v", addr, err)
@@ -336,23 +356,23 @@ func (c *serveConfig) checkListeners(bad badFlag) error {
 
 // readStorePassword reads the Redis password from its file, and checks it
 // is given once: before checkStore, which checks it against the URL.
-func (c *serveConfig) readStorePassword(source map[string]string) error {
+func (c *Config) readStorePassword(source map[string]string) error {
 	if c.StorePasswordFile == "" {
 		return nil
 	}
 	if c.StorePassword != "" {
-		return usagef("serve", "%s and %s are both set; give one", source["store-password-file"], storePasswordEnv)
+		return configErrorf("%s and %s are both set; give one", source["store-password-file"], storePasswordEnv)
 	}
 	secret, _, err := control.ReadSecretFile(c.StorePasswordFile)
 	if err != nil {
-		return usagef("serve", "%s: %v", source["store-password-file"], err)
+		return configErrorf("%s: %v", source["store-password-file"], err)
 	}
 	c.StorePassword, source["store-password"] = secret, source["store-password-file"]
 	return nil
 }
 
 // checkStore: the store's URL or directory, and what is asked of it.
-func (c *serveConfig) checkStore(bad badFlag) error {
+func (c *Config) checkStore(bad badFlag) error {
 	if c.CancelReplicas < 0 {
 		return bad("cancel-replicas", "%d is negative; want the number of replicas a cancel waits for (0: none)", c.CancelReplicas)
 	}
@@ -377,7 +397,7 @@ func (c *serveConfig) checkStore(bad badFlag) error {
 
 // checkFiles: the paths and names given, as far as serve can tell before it
 // starts.
-func (c *serveConfig) checkFiles(bad badFlag) error {
+func (c *Config) checkFiles(bad badFlag) error {
 	// A missing binary is not checked here: serve runs without a browser
 	// until one is asked for, and the launch then says what is missing.
 	if c.Chromium == "" {
@@ -429,7 +449,7 @@ func (c *serveConfig) checkFiles(bad badFlag) error {
 
 // checkDurations: every duration is positive where it must be, and the
 // lease outlives the store calls that renew it.
-func (c *serveConfig) checkDurations(bad badFlag) error {
+func (c *Config) checkDurations(bad badFlag) error {
 	if c.BrowserLinger < 0 {
 		return bad("browser-linger", "%s is negative", c.BrowserLinger)
 	}
@@ -450,7 +470,7 @@ func (c *serveConfig) checkDurations(bad badFlag) error {
 
 // checkLimits: the caps on what the proxy and the browser guard hold, and
 // the destinations opened up.
-func (c *serveConfig) checkLimits(bad badFlag) error {
+func (c *Config) checkLimits(bad badFlag) error {
 	if c.BrowserMax <= 0 {
 		return bad("browser-max", "%d: want a positive number of browsers", c.BrowserMax)
 	}
@@ -482,9 +502,9 @@ const minControlTokenLen = 16
 // readSecrets checks the control plane's secrets and reads those given as
 // files, so that a missing or empty file stops the start with its flag
 // named. Secrets not given are created in the data directory at start.
-func (c *serveConfig) readSecrets(source map[string]string) error {
+func (c *Config) readSecrets(source map[string]string) error {
 	bad := func(name, format string, args ...any) error {
-		return usagef("serve", "%s: %s", source[name], fmt.Sprintf(format, args...))
+		return configErrorf("%s: %s", source[name], fmt.Sprintf(format, args...))
 	}
 	switch c.ControlAuth {
 	case authToken:

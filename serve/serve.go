@@ -1,10 +1,23 @@
-package main
+// Package serve is `stopgate serve`: its configuration (the flags, their
+// STOPGATE_* variables, and every value checked before anything starts) and
+// the wiring of one instance, which Run reads top to bottom: the
+// listeners, the store, the policy and the CA, the control plane's
+// secrets, the edges on them (egress proxy, browser guard, transparent
+// listener, control API), the loops behind them, and the shutdown in the
+// reverse order.
+//
+// It owns no rule and decides nothing about a run or an effect: the
+// packages it wires do (state and its stores, intents, proxy, browserguard,
+// control, policy). It parses no command line but serve's, and writes
+// nothing but its log and what those packages keep in the data directory.
+package serve
 
 import (
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -60,22 +73,24 @@ const (
 	gcPercent = 400
 )
 
-func (c *cli) serve(ctx context.Context, args []string) error {
-	cfg, err := parseServeConfig(args, c.getenv)
+// Main is `stopgate serve ARGS`: the configuration read from args over the
+// environment (getenv), the log on stderr, served until ctx ends.
+func Main(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := ParseConfig(args, getenv)
 	if err != nil {
 		return err
 	}
-	if c.getenv("GOGC") == "" {
+	if getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	return serve(ctx, cfg, cfg.logger(c.stderr))
+	return Run(ctx, cfg, cfg.logger(stderr))
 }
 
-// serve runs stopgate until ctx ends (SIGINT, SIGTERM): it opens the store,
+// Run runs stopgate until ctx ends (SIGINT, SIGTERM): it opens the store,
 // builds the instance on it, serves, then shuts down in the reverse order:
 // listeners first, the store last, so nothing still serving ever finds the
 // store closed.
-func serve(ctx context.Context, cfg serveConfig, base *slog.Logger) (err error) {
+func Run(ctx context.Context, cfg Config, base *slog.Logger) (err error) {
 	// The loops that retry while the store is down (and the store's own
 	// client) say so once a window; the decision lines, each the one
 	// record of a request, are never held back.
@@ -110,7 +125,7 @@ func serve(ctx context.Context, cfg serveConfig, base *slog.Logger) (err error) 
 // instance is one stopgate: its edges, the loops behind them, and the
 // listeners they serve on.
 type instance struct {
-	cfg   serveConfig
+	cfg   Config
 	log   *slog.Logger
 	store stores.Opened
 	// measured is the store as every part calls it: timed and counted.
@@ -140,7 +155,7 @@ type instance struct {
 // build wires the instance top to bottom: the policy and the CA, what the
 // edges share (the decisions' account, this instance's ledger, one watch
 // on runs), the listeners, then the edges and the control API.
-func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions *slog.Logger) (_ *instance, err error) {
+func build(cfg Config, opened stores.Opened, lns *listeners, log, decisions *slog.Logger) (_ *instance, err error) {
 	defer func() {
 		if err != nil {
 			lns.close()
@@ -148,7 +163,7 @@ func build(cfg serveConfig, opened stores.Opened, lns *listeners, log, decisions
 	}()
 	pol, rules, err := loadPolicy(cfg)
 	if err != nil {
-		return nil, usagef("serve", "--config: %v", err)
+		return nil, configErrorf("--config: %v", err)
 	}
 	ca, err := loadCA(cfg)
 	if err != nil {
@@ -335,14 +350,14 @@ func (inst *instance) run(ctx context.Context) error {
 
 // openStore opens the configured store and says in the log what it is and
 // what an acknowledged cancel survives.
-func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.Opened, error) {
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (stores.Opened, error) {
 	ctx, cancel := context.WithTimeout(ctx, openTimeout)
 	defer cancel()
 	sc := cfg.storeConfig()
 	sc.Logger = log.With("component", "store")
 	opened, err := stores.Open(ctx, sc)
 	if errors.Is(err, state.ErrInvalid) {
-		return opened, usagef("serve", "--store (or STOPGATE_STORE): %v", err)
+		return opened, configErrorf("--store (or STOPGATE_STORE): %v", err)
 	}
 	if errors.Is(err, stores.ErrNotDurable) {
 		return opened, fmt.Errorf("--require-durable: %w (or drop --require-durable)", err)
@@ -363,7 +378,7 @@ func openStore(ctx context.Context, cfg serveConfig, log *slog.Logger) (stores.O
 
 // loadCA is the operator's CA when serve is given one (--ca-cert,
 // --ca-key), else the one in the data directory, created on first start.
-func loadCA(cfg serveConfig) (*proxy.CA, error) {
+func loadCA(cfg Config) (*proxy.CA, error) {
 	if cfg.CACert != "" {
 		ca, err := proxy.LoadCA(cfg.CACert, cfg.CAKey)
 		if err != nil {
@@ -381,7 +396,7 @@ func loadCA(cfg serveConfig) (*proxy.CA, error) {
 // browserSandbox is how serve's browsers are kept from the machine: this
 // binary sets up their namespaces, and what serve keeps secret is hidden
 // from them.
-func browserSandbox(cfg serveConfig) (browserguard.Sandbox, error) {
+func browserSandbox(cfg Config) (browserguard.Sandbox, error) {
 	sb := browserguard.Sandbox{Isolation: browserguard.Isolation(cfg.BrowserIsolation), UID: cfg.BrowserUID, Uploads: cfg.BrowserUploadDir}
 	if sb.Isolation == browserguard.IsolateNamespaces {
 		exe, err := os.Executable()
@@ -424,7 +439,7 @@ type listeners struct {
 	transparent []net.Listener
 }
 
-func listenAll(cfg serveConfig) (*listeners, error) {
+func listenAll(cfg Config) (*listeners, error) {
 	lns := &listeners{}
 	for _, l := range []struct {
 		flag, addr string

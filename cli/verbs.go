@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -434,7 +434,7 @@ func (c *cli) cancel(ctx context.Context, args []string) error {
 		} else {
 			printCancel(c.stdout, reply.Value)
 		}
-		return &exitCodeError{code: exitTombstone, msg: fmt.Sprintf(
+		return &exitCodeError{code: ExitTombstone, msg: fmt.Sprintf(
 			"%s was never admitted: no run of that id was stopped; its CANCELLED tombstone is written, so it can never start. "+
 				"If you meant another run, check its id (stopgate runs --prefix …); pass --tombstone when cancelling an id never seen is meant", safe(pos[0]))}
 	}
@@ -480,11 +480,11 @@ func (c *cli) waitCancel(ctx context.Context, cl *client.Client, o *verbOpts, ru
 			printFinal(c.stdout, final)
 			intents, err := cl.Intents(ctx, final.ID)
 			if err != nil {
-				return &exitCodeError{code: exitUnknown, msg: fmt.Sprintf("listing the UNKNOWN intents: %v", err)}
+				return &exitCodeError{code: ExitUnknown, msg: fmt.Sprintf("listing the UNKNOWN intents: %v", err)}
 			}
 			printUnknown(c.stdout, final.ID, intents.Value.Intents)
 		}
-		return &exitCodeError{code: exitUnknown}
+		return &exitCodeError{code: ExitUnknown}
 	case state.StatusCancelling:
 		return fmt.Errorf("%s is still CANCELLING after waiting %s (drain deadline %s plus %s); is the sweeper of stopgate serve running?",
 			safe(final.ID), bound.Round(100*time.Millisecond), fmtTime(final.DrainDeadline), c.waitSlack)

@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // loadPolicy reads serve's policy file and the proxy's rules of it.
-func loadPolicy(cfg serveConfig) (policy.Policy, proxy.Rules, error) {
+func loadPolicy(cfg Config) (policy.Policy, proxy.Rules, error) {
 	pol, err := policy.Load(cfg.Config)
 	if err != nil {
 		return policy.Policy{}, proxy.Rules{}, err
@@ -35,7 +35,7 @@ func loadPolicy(cfg serveConfig) (policy.Policy, proxy.Rules, error) {
 // open keep theirs) and the webhook sources. Lookups are the reconciler's
 // from the start; a reload that changes them says so.
 type policyHolder struct {
-	cfg     serveConfig
+	cfg     Config
 	egress  *proxy.Proxy
 	metrics *telemetry.Metrics
 	log     *slog.Logger
@@ -46,7 +46,7 @@ type policyHolder struct {
 	started policy.Policy
 }
 
-func newPolicyHolder(cfg serveConfig, pol policy.Policy, m *telemetry.Metrics, log *slog.Logger) *policyHolder {
+func newPolicyHolder(cfg Config, pol policy.Policy, m *telemetry.Metrics, log *slog.Logger) *policyHolder {
 	h := &policyHolder{cfg: cfg, metrics: m, log: log, started: pol}
 	h.pol.Store(&pol)
 	return h
