@@ -121,12 +121,14 @@ func (s *step) overBudget(req state.GuardRequest) (string, error) {
 	if dest := state.Destination(req.Boundary, req.Target); dest != "" {
 		checks[2] = guardLimit{state.LimitEffectsPerDestination, state.DestinationCounter(dest), b.MaxEffectsPerDestination, 1}
 	}
-	return s.crossed(checks[:])
+	return s.crossed(checks[:], false)
 }
 
 // crossed is the first of limits whose counter would exceed it with its
-// addition, "" for none, with the expectations of what it read.
-func (s *step) crossed(limits []guardLimit) (string, error) {
+// addition, "" for none, with the expectations of what it read. made: the
+// step has added them already (an outcome's usage), so what was there
+// before is what it reads less the addition.
+func (s *step) crossed(limits []guardLimit, made bool) (string, error) {
 	for _, l := range limits {
 		if l.max <= 0 || l.add <= 0 {
 			continue
@@ -134,6 +136,9 @@ func (s *step) crossed(limits []guardLimit) (string, error) {
 		have, err := s.usage(l.counter)
 		if err != nil {
 			return "", err
+		}
+		if made {
+			have -= l.add
 		}
 		if have > l.max-l.add {
 			s.expect(Expect{Kind: ExpectUsageAtLeast, Key: l.counter, N: l.max - l.add + 1})
@@ -349,38 +354,18 @@ func (s *step) meter(req state.FinishRequest) (string, error) {
 	}
 	// Each counter is read as it stood before this step's addition: the
 	// usage counts it, and the limit holds at most max-add before.
-	limit, err := s.crossedBefore([]guardLimit{
+	limit, err := s.crossed([]guardLimit{
 		{state.LimitResponseBytes, state.CounterResponseBytes, b.MaxResponseBytes, req.ResponseBytes},
 		{state.LimitInputTokens, state.CounterInputTokens, b.MaxInputTokens, in},
 		{state.LimitOutputTokens, state.CounterOutputTokens, b.MaxOutputTokens, out},
 		{state.LimitTokens, state.CounterTokens, b.MaxTokens, tokens},
 		{state.LimitSpend, state.CounterSpend, b.MaxSpend, spend},
-	})
+	}, true)
 	if err != nil || limit != "" {
 		return limit, err
 	}
 	if b.CancelOnUnknownUsage && llm != nil && (unknown || b.MaxSpend > 0 && !llm.Priced) {
 		return state.LimitUnknownUsage, nil
-	}
-	return "", nil
-}
-
-// crossedBefore is crossed for additions this step has made already.
-func (s *step) crossedBefore(limits []guardLimit) (string, error) {
-	for _, l := range limits {
-		if l.max <= 0 || l.add <= 0 {
-			continue
-		}
-		have, err := s.usage(l.counter)
-		if err != nil {
-			return "", err
-		}
-		have -= l.add
-		if have > l.max-l.add {
-			s.expect(Expect{Kind: ExpectUsageAtLeast, Key: l.counter, N: l.max - l.add + 1})
-			return l.limit, nil
-		}
-		s.expect(Expect{Kind: ExpectUsageAtMost, Key: l.counter, N: l.max - l.add})
 	}
 	return "", nil
 }

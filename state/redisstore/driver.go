@@ -30,6 +30,10 @@ type seen struct {
 	budget  state.Budget
 	// counted: the row is counted in the totals.
 	counted bool
+	// names are the named usage counters seen listed in the run's list of
+	// them (namesField), which only grows: one known there is not added
+	// again. Never written in place (views share it).
+	names map[string]bool
 }
 
 // maxSeenRuns and maxSeenBases bound the memory of what is remembered:
@@ -74,6 +78,10 @@ func (s seenRuns) learn(v *runView) {
 			}
 			n.derived[b] = c
 		}
+		n.names = old.names
+		if len(v.names) > len(n.names) {
+			n.names = v.names
+		}
 	}
 	s.c.Add(v.id, n)
 }
@@ -96,7 +104,7 @@ func (s seenRuns) viewOf(id string, steps []*step) *runView {
 	if !ok || sn.status != state.StatusActive {
 		return nil
 	}
-	v := &runView{id: id, found: true, t: sn.t, counted: sn.counted, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version,
+	v := &runView{id: id, found: true, t: sn.t, counted: sn.counted, names: sn.names, row: state.Run{ID: id, Status: sn.status, CancelVersion: sn.version,
 		CreatedAt: sn.created, Budget: sn.budget}}
 	if len(sn.derived) > 0 {
 		v.derived, v.taken = make(map[string]int64, len(sn.derived)), make(map[string]bool, len(sn.derived))

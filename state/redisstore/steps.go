@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -162,6 +163,9 @@ type runView struct {
 	t int64
 	// counted: the row is counted in the totals (countedField).
 	counted bool
+	// names are the named usage counters known listed in namesField (see
+	// seen.names); shared, copied before a change.
+	names map[string]bool
 }
 
 func (v *runView) Row() (state.Run, bool, error) {
@@ -310,6 +314,14 @@ func (v *runView) absorb(m *machine.Mutation, rendered []*record) {
 		v.derived[d.Base] = d.N
 	}
 	for _, u := range m.Usage {
+		if state.Named(u.Counter) && !v.names[u.Counter] && len(v.names) < maxSeenBases {
+			names := make(map[string]bool, len(v.names)+1)
+			maps.Copy(names, v.names)
+			names[u.Counter] = true
+			v.names = names
+		}
+	}
+	for _, u := range m.Usage {
 		// A counter read, or one taken as 0 unread, goes on from there; a
 		// counter a read view did not read stays unknown.
 		if n, ok := v.usage[u.Counter]; ok || !v.read {
@@ -403,7 +415,7 @@ func render(v *runView, m *machine.Mutation, buf []any, answer bool) ([]any, int
 	}
 	for _, u := range m.Usage {
 		op("+", usageField(u.Counter), u.N)
-		if state.Named(u.Counter) {
+		if state.Named(u.Counter) && !v.names[u.Counter] {
 			op("a", namesField, u.Counter)
 		}
 	}
