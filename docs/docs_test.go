@@ -4,6 +4,7 @@
 package docs_test
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -51,6 +52,55 @@ func TestDocsStandAlone(t *testing.T) {
 			}
 			if anchor != "" && !hasHeading(t, path, anchor) {
 				t.Errorf("%s links to %s: no such heading", name, target)
+			}
+		}
+	}
+}
+
+// TestDocsNameOnlyTestsThatExist: a test a page names as its evidence is a
+// test of the repository, under that name; a test renamed or moved without
+// its page leaves the page pointing at nothing.
+func TestDocsNameOnlyTestsThatExist(t *testing.T) {
+	const root = ".."
+	defined := map[string]bool{}
+	definition := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(`)
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == ".git") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range definition.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"))
+	named := regexp.MustCompile("`(Test[A-Z][A-Za-z0-9_]*)")
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _ := filepath.Rel(root, page)
+		for _, m := range named.FindAllStringSubmatch(string(b), -1) {
+			if !defined[m[1]] {
+				t.Errorf("%s names %s, which no test of the repository defines", name, m[1])
 			}
 		}
 	}
