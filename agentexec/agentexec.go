@@ -86,9 +86,10 @@ type Options struct {
 	Mode    Mode
 	// UID is the user of the kernel redirect (KernelRedirect).
 	UID uint32
-	// Admit admits a run never seen; without it such a run is refused (a
-	// typo must not become a new run).
-	Admit bool
+	// Admit is the admission of a run never seen (its budget and labels;
+	// RunID is Run's); nil refuses such a run, so a typo does not become a
+	// new run. A run already admitted keeps what it was admitted with.
+	Admit *control.AdmitRequest
 	// Proxy is the egress proxy's host:port; empty asks /v1/endpoints
 	// when the token may, else DefaultProxy.
 	Proxy string
@@ -192,13 +193,17 @@ func (e *execution) observe(ctx context.Context) error {
 	row, err := o.Client.Run(ctx, o.Run)
 	var ae *client.APIError
 	if errors.As(err, &ae) && ae.StatusCode == http.StatusNotFound {
-		if !o.Admit {
+		if o.Admit == nil {
 			return &NotStartedError{fmt.Sprintf("run %s was never admitted, so CMD was not started (a mistyped run id must not become a new run): admit it first (stopgate admit %s) or pass --admit", safe(o.Run), safe(o.Run))}
 		}
-		if _, err := o.Client.Admit(ctx, o.Run); err != nil {
+		req := *o.Admit
+		req.RunID = o.Run
+		if _, err := o.Client.AdmitWith(ctx, req); err != nil {
 			return fmt.Errorf("admitting run %s (--admit): %w", safe(o.Run), err)
 		}
 		row, err = o.Client.Run(ctx, o.Run)
+	} else if err == nil && o.Admit != nil && (o.Admit.Budget != nil || len(o.Admit.Labels) > 0) {
+		e.warnf("run %s was admitted before: it keeps the budget it was admitted with, not the one given with --admit", safe(o.Run))
 	}
 	switch {
 	case err != nil:

@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/stopgate/stopgate/agentexec"
+	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/state"
 )
@@ -30,6 +31,7 @@ type execOpts struct {
 	proxy        string
 	dns          []netip.AddrPort
 	cancelSignal string
+	admission
 	controlFlags
 }
 
@@ -48,6 +50,7 @@ func (c *cli) execFlags() (*flag.FlagSet, *execOpts) {
 		return err
 	})
 	fs.BoolVar(&o.admit, "admit", false, "admit RUN if it was never seen (operator token); without it such a run is refused, so a mistyped id is not a new run")
+	o.admission.define(fs)
 	fs.StringVar(&o.proxy, "proxy", "", "the egress proxy's `host:port` (default $STOPGATE_PROXY, else asked of --control when the token may, else "+agentexec.DefaultProxy+")")
 	fs.Var(resolversFlag{&o.dns}, "dns", "`ADDR[:PORT]` of a resolver CMD's DNS is carried to (repeatable; default: the nameservers of /etc/resolv.conf); no other UDP leaves")
 	fs.StringVar(&o.cancelSignal, "cancel-signal", "TERM", "the `signal` CMD's processes get when the run's cancel commits, or none")
@@ -77,6 +80,8 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		return usagef("exec", "--no-isolate and --isolate/--uid: pick one")
 	case o.uidSet && !o.isolate:
 		return usagef("exec", "--uid is for --isolate (the kernel redirect, as root); the default sandbox runs CMD as you")
+	case o.admission.given() && !o.admit:
+		return usagef("exec", "the budget flags and --label are for --admit: they are what a run exec admits is admitted with (a run admitted before keeps its own budget)")
 	case o.uidSet && o.uid == 0:
 		return usagef("exec", "--uid 0: root is never redirected away from its own rules; pick an unprivileged uid")
 	}
@@ -101,9 +106,14 @@ func (c *cli) execVerb(ctx context.Context, args []string) error {
 		// --isolate as root keeps meaning the kernel redirect of nobody.
 		mode = agentexec.KernelRedirect
 	}
+	var admit *control.AdmitRequest
+	if o.admit {
+		req := o.request(o.run, "stopgate exec --admit")
+		admit = &req
+	}
 	err = agentexec.Run(ctx, agentexec.Options{
 		Client: cl, Token: c.token, Run: o.run, Version: o.version, Argv: argv, Mode: mode, UID: uid,
-		Admit: o.admit, Proxy: cmp.Or(o.proxy, c.getenv("STOPGATE_PROXY")), DNS: o.dns, CancelSignal: sig,
+		Admit: admit, Proxy: cmp.Or(o.proxy, c.getenv("STOPGATE_PROXY")), DNS: o.dns, CancelSignal: sig,
 		Stdin: c.stdin, Stdout: c.stdout, Stderr: c.stderr,
 	})
 	var ee *agentexec.ExitError

@@ -86,7 +86,7 @@ control API, where it may claim, schedule retries, guard effects and report outc
 only, and never cancel, complete, resolve, admit or mint. Needs the operator token; refused
 (exit 1) unless RUN is ACTIVE.
 `},
-	{"exec", "exec --run RUN [--version N] [--no-isolate | --isolate --uid UID] [--admit] [--proxy HOST:PORT] [--dns ADDR[:PORT]]... [--cancel-signal SIG] -- CMD [ARGS...]",
+	{"exec", "exec --run RUN [--version N] [--no-isolate | --isolate --uid UID] [--admit [budget flags] [--label NAME=VALUE]...] [--proxy HOST:PORT] [--dns ADDR[:PORT]]... [--cancel-signal SIG] -- CMD [ARGS...]",
 		"run an unmodified agent in a sandbox behind the guard", `Runs CMD with its effects guarded and recorded under RUN, as you, and exits with CMD's status
 (128+N when a signal N killed it); the signals stopgate receives are passed on to CMD.
 
@@ -98,7 +98,8 @@ named (--dns, default /etc/resolv.conf's); nothing else leaves. A worker's run t
 
 When RUN's cancel commits, exec writes it into $STOPGATE_CANCEL_FILE and sends CMD's processes
 --cancel-signal (default TERM); at the drain deadline it kills them. Both are in the audit.
-A run never admitted is refused unless --admit.
+A run never admitted is refused unless --admit, which admits it with admit's budget flags and
+--label; a run admitted before keeps the budget it was admitted with (stderr says so).
 
 --no-isolate: only the proxy variables (both cases) and the CA variables; recorded in the
 run's audit, and stderr lists the clients that go around them.

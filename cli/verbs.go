@@ -55,8 +55,7 @@ type verbOpts struct {
 	// token
 	ttl *time.Duration
 	// admit
-	budget control.BudgetRequest
-	labels map[string]string
+	admission
 }
 
 func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
@@ -76,63 +75,7 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 	switch verb {
 	case "admit":
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
-		b := &o.budget
-		for _, l := range []struct {
-			name, what string
-			into       *int64
-		}{
-			{"max-effects", "effects the run may make (each dispatch through any boundary)", &b.MaxEffects},
-			{"max-effects-per-destination", "effects to any one destination (host)", &b.MaxEffectsPerDestination},
-			{"max-request-bytes", "request body bytes, summed", &b.MaxRequestBytes},
-			{"max-response-bytes", "answer body bytes, summed", &b.MaxResponseBytes},
-			{"max-input-tokens", "LLM input tokens", &b.MaxInputTokens},
-			{"max-output-tokens", "LLM output tokens", &b.MaxOutputTokens},
-			{"max-tokens", "LLM input and output tokens together", &b.MaxTokens},
-		} {
-			fs.Func(l.name, "`N` "+l.what+"; past it the run is cancelled (budget:"+strings.ReplaceAll(l.name, "-", "_")+")", func(s string) error {
-				n, err := strconv.ParseInt(s, 10, 64)
-				if err != nil || n < 1 {
-					return fmt.Errorf("%q is not a whole number of 1 or more", s)
-				}
-				*l.into = n
-				return nil
-			})
-		}
-		fs.Func("max-wall-time", "`duration` from admission after which no effect is admitted and the run is cancelled, e.g. 2h", func(s string) error {
-			d, err := time.ParseDuration(s)
-			if err != nil || d <= 0 {
-				return fmt.Errorf("%q is not a positive duration like 2h", s)
-			}
-			b.MaxWallTime = d.String()
-			return nil
-		})
-		fs.Func("max-spend-usd", "`USD` the run's LLM usage may cost by the policy's price table, e.g. 5 or 0.25", func(s string) error {
-			if _, err := state.ParseUSD(s); err != nil {
-				return err
-			}
-			b.MaxSpendUSD = json.Number(s)
-			return nil
-		})
-		fs.BoolVar(&b.CancelOnUnknownUsage, "cancel-on-unknown-usage", false, "cancel the run at the first LLM answer whose usage cannot be read")
-		fs.Func("budget-drain", "`duration` a run its budget cancels drains (default: the policy's, else the server's --drain-timeout)", func(s string) error {
-			d, err := control.ParseDuration(s)
-			if err != nil || d < 0 {
-				return fmt.Errorf("%q is not a duration like 30s", s)
-			}
-			b.DrainTimeout = d.String()
-			return nil
-		})
-		fs.Func("label", "`name=value` that chooses the policy's budget rule (repeatable; not stored)", func(s string) error {
-			k, v, ok := strings.Cut(s, "=")
-			if !ok || k == "" {
-				return fmt.Errorf("%q is not name=value", s)
-			}
-			if o.labels == nil {
-				o.labels = map[string]string{}
-			}
-			o.labels[k] = v
-			return nil
-		})
+		o.admission.define(fs)
 	case "cancel":
 		fs.StringVar(&o.reason, "reason", "", "why, for the audit log")
 		fs.Func("drain", "`duration` in-flight work may finish, e.g. 30s or 30 (default: the server's --drain-timeout)", func(s string) error {
@@ -395,16 +338,95 @@ func show[T any](c *cli, o *verbOpts, reply client.Reply[T], err error, human fu
 	return nil
 }
 
+// admission is what a new run is admitted with beyond its id: the budget
+// flags and the labels that choose the policy's budget rule. admit and
+// exec --admit take the same flags.
+type admission struct {
+	budget control.BudgetRequest
+	labels map[string]string
+}
+
+// define adds the budget flags and --label to fs.
+func (a *admission) define(fs *flag.FlagSet) {
+	b := &a.budget
+	for _, l := range []struct {
+		name, what string
+		into       *int64
+	}{
+		{"max-effects", "effects the run may make (each dispatch through any boundary)", &b.MaxEffects},
+		{"max-effects-per-destination", "effects to any one destination (host)", &b.MaxEffectsPerDestination},
+		{"max-request-bytes", "request body bytes, summed", &b.MaxRequestBytes},
+		{"max-response-bytes", "answer body bytes, summed", &b.MaxResponseBytes},
+		{"max-input-tokens", "LLM input tokens", &b.MaxInputTokens},
+		{"max-output-tokens", "LLM output tokens", &b.MaxOutputTokens},
+		{"max-tokens", "LLM input and output tokens together", &b.MaxTokens},
+	} {
+		fs.Func(l.name, "`N` "+l.what+"; past it the run is cancelled (budget:"+strings.ReplaceAll(l.name, "-", "_")+")", func(s string) error {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 1 {
+				return fmt.Errorf("%q is not a whole number of 1 or more", s)
+			}
+			*l.into = n
+			return nil
+		})
+	}
+	fs.Func("max-wall-time", "`duration` from admission after which no effect is admitted and the run is cancelled, e.g. 2h", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%q is not a positive duration like 2h", s)
+		}
+		b.MaxWallTime = d.String()
+		return nil
+	})
+	fs.Func("max-spend-usd", "`USD` the run's LLM usage may cost by the policy's price table, e.g. 5 or 0.25", func(s string) error {
+		if _, err := state.ParseUSD(s); err != nil {
+			return err
+		}
+		b.MaxSpendUSD = json.Number(s)
+		return nil
+	})
+	fs.BoolVar(&b.CancelOnUnknownUsage, "cancel-on-unknown-usage", false, "cancel the run at the first LLM answer whose usage cannot be read")
+	fs.Func("budget-drain", "`duration` a run its budget cancels drains (default: the policy's, else the server's --drain-timeout)", func(s string) error {
+		d, err := control.ParseDuration(s)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%q is not a duration like 30s", s)
+		}
+		b.DrainTimeout = d.String()
+		return nil
+	})
+	fs.Func("label", "`name=value` that chooses the policy's budget rule (repeatable; not stored)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q is not name=value", s)
+		}
+		if a.labels == nil {
+			a.labels = map[string]string{}
+		}
+		a.labels[k] = v
+		return nil
+	})
+}
+
+// given reports whether any budget flag or label was given.
+func (a *admission) given() bool {
+	return a.budget != (control.BudgetRequest{}) || len(a.labels) > 0
+}
+
+// request is the admission of runID with reason.
+func (a *admission) request(runID, reason string) control.AdmitRequest {
+	req := control.AdmitRequest{RunID: runID, Reason: reason, Labels: a.labels}
+	if a.budget != (control.BudgetRequest{}) {
+		req.Budget = &a.budget
+	}
+	return req
+}
+
 func (c *cli) admit(ctx context.Context, args []string) error {
 	cl, o, pos, err := c.parseVerb("admit", args, "RUN")
 	if err != nil {
 		return err
 	}
-	req := control.AdmitRequest{RunID: pos[0], Reason: o.reason, Labels: o.labels}
-	if o.budget != (control.BudgetRequest{}) {
-		req.Budget = &o.budget
-	}
-	reply, err := cl.AdmitWith(ctx, req)
+	reply, err := cl.AdmitWith(ctx, o.request(pos[0], o.reason))
 	return show(c, o, reply, err, func(w io.Writer, run state.Run) {
 		if reply.StatusCode == http.StatusCreated {
 			fmt.Fprintf(w, "admitted %s: %s at cancel_version %d\n", safe(run.ID), run.Status, run.CancelVersion)

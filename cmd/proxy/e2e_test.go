@@ -129,7 +129,6 @@ func runBinary(t *testing.T, env []string, args ...string) (int, string, string)
 	return code, stdout.String(), stderr.String()
 }
 
-// must runs a command line that must exit with code, and returns stdout.
 // operatorToken is the operator token serve wrote into its data directory,
 // for a test that calls the control API without the CLI.
 func (s *server) operatorToken(t *testing.T) string {
@@ -141,6 +140,8 @@ func (s *server) operatorToken(t *testing.T) string {
 	return strings.TrimSpace(string(b))
 }
 
+// must runs a command line that must exit with code, and returns stdout
+// (stderr when code is not 0).
 func (s *server) must(t *testing.T, code int, args ...string) string {
 	t.Helper()
 	got, out, errOut := s.stopgate(t, args...)

@@ -521,3 +521,35 @@ func TestExecRefusesARunNeverAdmitted(t *testing.T) {
 		t.Errorf("after exec --admit: %+v %v", row, err)
 	}
 }
+
+// TestExecAdmitsWithTheBudgetGiven: exec --admit takes admit's budget flags
+// and labels for the run it admits; a run admitted before keeps its budget
+// and stderr says so; budget flags without --admit are a usage error, not
+// a budget silently dropped.
+func TestExecAdmitsWithTheBudgetGiven(t *testing.T) {
+	s := startServe(t, "--data-dir", t.TempDir())
+	budgetOf := func(run string) state.Budget {
+		t.Helper()
+		var row state.Run
+		if err := json.Unmarshal([]byte(s.must(t, 0, "status", run, "--json")), &row); err != nil {
+			t.Fatal(err)
+		}
+		return row.Budget
+	}
+	s.must(t, 0, "exec", "--run", "budgeted", "--admit", "--max-effects", "2", "--max-wall-time", "1h", "--no-isolate", "--", "true")
+	if b := budgetOf("budgeted"); b.MaxEffects != 2 || b.MaxWallTime != time.Hour {
+		t.Errorf("the run exec admitted has budget %+v, want max_effects 2 and max_wall_time 1h", b)
+	}
+	if code, _, errOut := s.stopgate(t, "exec", "--run", "budgeted", "--admit", "--max-effects", "9", "--no-isolate", "--", "true"); code != 0 || !strings.Contains(errOut, "keeps the budget it was admitted with") {
+		t.Errorf("exec --admit of a run admitted before: exit %d, stderr %q: want 0 and a note that its budget stays", code, errOut)
+	}
+	if b := budgetOf("budgeted"); b.MaxEffects != 2 {
+		t.Errorf("a second exec --admit changed the budget to %+v", b)
+	}
+	if msg := s.must(t, 2, "exec", "--run", "other", "--max-effects", "2", "--no-isolate", "--", "true"); !strings.Contains(msg, "--admit") {
+		t.Errorf("budget flags without --admit: %q", msg)
+	}
+	if code, _, _ := s.stopgate(t, "status", "other"); code != 1 {
+		t.Errorf("the refused exec created the run: status exit %d", code)
+	}
+}
