@@ -26,9 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -423,21 +425,13 @@ func (g *Guard) Holds(run string) bool {
 func (g *Guard) Runs() []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ids := make([]string, 0, len(g.sessions))
-	for id := range g.sessions {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(g.sessions))
 }
 
 func (g *Guard) of(run string) []*session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]*session, 0, len(g.sessions[run]))
-	for s := range g.sessions[run] {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Keys(g.sessions[run]))
 }
 
 // Connections is the number of CDP connections open now.
