@@ -26,9 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -233,6 +235,20 @@ func (g *Guard) browserFor(w http.ResponseWriter, r *http.Request) (credential, 
 	return cred, d, true
 }
 
+// askBrowser makes one of the guard's own calls to the browser behind a
+// /json endpoint, bounded by browserFetchTimeout; a browser that does not
+// answer is refused as unreachable, naming the method it left unanswered.
+func askBrowser[T any](w http.ResponseWriter, r *http.Request, method string, call func(context.Context) (T, error)) (T, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
+	defer cancel()
+	v, err := call(ctx)
+	if err != nil {
+		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer %s: %v", method, err).WriteHTTP(w)
+		return v, false
+	}
+	return v, true
+}
+
 func noBrowser(run string) *refusal.Refusal {
 	return refusal.New(refusal.NoBrowser, "no browser is running for run %s: start one with stopgate browser --run %s (POST /v1/runs/%s/browsers)", run, run, run)
 }
@@ -245,11 +261,8 @@ func (g *Guard) jsonVersion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
-	defer cancel()
-	v, err := d.version(ctx)
-	if err != nil {
-		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer Browser.getVersion: %v", err).WriteHTTP(w)
+	v, ok := askBrowser(w, r, "Browser.getVersion", d.version)
+	if !ok {
 		return
 	}
 	refusal.WriteJSON(w, http.StatusOK, map[string]string{
@@ -270,11 +283,8 @@ func (g *Guard) jsonList(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), browserFetchTimeout)
-	defer cancel()
-	infos, err := d.targets(ctx)
-	if err != nil {
-		refusal.Wrap(err, refusal.BrowserUnreachable, "the browser did not answer Target.getTargets: %v", err).WriteHTTP(w)
+	infos, ok := askBrowser(w, r, "Target.getTargets", d.targets)
+	if !ok {
 		return
 	}
 	list := []map[string]string{}
@@ -423,21 +433,13 @@ func (g *Guard) Holds(run string) bool {
 func (g *Guard) Runs() []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ids := make([]string, 0, len(g.sessions))
-	for id := range g.sessions {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(g.sessions))
 }
 
 func (g *Guard) of(run string) []*session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]*session, 0, len(g.sessions[run]))
-	for s := range g.sessions[run] {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Keys(g.sessions[run]))
 }
 
 // Connections is the number of CDP connections open now.

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -695,11 +697,7 @@ func (l *Launcher) Holds(run string) bool {
 func (l *Launcher) Runs() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ids := make([]string, 0, len(l.browsers))
-	for id := range l.browsers {
-		ids = append(ids, id)
-	}
-	return ids
+	return slices.Collect(maps.Keys(l.browsers))
 }
 
 // Enforce takes a run's new row to its browser: once the run is over, the

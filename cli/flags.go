@@ -3,9 +3,12 @@ package cli
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
+	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/redirect"
 )
 
@@ -60,6 +63,23 @@ func flagError(verb string, err error) error {
 		return err
 	}
 	return usagef(verb, "%v", err)
+}
+
+// ttlFlag defines a flag taking a positive duration as the API's TTL
+// fields read one (a Go duration or seconds). Left unset, *dst stays nil:
+// the server's default.
+func ttlFlag(fs *flag.FlagSet, dst **time.Duration, name, usage string) {
+	fs.Func(name, usage, func(s string) error {
+		d, err := control.ParseTTL(s)
+		if err != nil {
+			return err
+		}
+		if d <= 0 {
+			return fmt.Errorf("%s %s is not positive", name, d)
+		}
+		*dst = &d
+		return nil
+	})
 }
 
 // resolversFlag is a repeatable --dns, each resolver read as it is given

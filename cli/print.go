@@ -27,6 +27,14 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format(timeLayout)
 }
 
+// fmtCount prints a number the record leaves unset (zero) as "-".
+func fmtCount[N int | int64](n N) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
 // safe makes text from the record printable on a terminal: reasons, notes
 // and targets come from agents and operators, and an escape sequence in one
 // must not drive the terminal of whoever reads the audit.
@@ -189,12 +197,8 @@ func printAudit(w io.Writer, a control.Audit) {
 		tw := newTable(w)
 		fmt.Fprintln(tw, "TIME\tMETHOD\tTARGET\tKEY\tSTATE\tCODE\tATTEMPTS")
 		for _, in := range a.Intents {
-			code := "-"
-			if in.StatusCode != 0 {
-				code = fmt.Sprint(in.StatusCode)
-			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
-				fmtTime(in.CreatedAt), safe(in.Method), clip(safe(in.Target), 60), safe(in.Key), in.State, code, in.Attempts)
+				fmtTime(in.CreatedAt), safe(in.Method), clip(safe(in.Target), 60), safe(in.Key), in.State, fmtCount(in.StatusCode), in.Attempts)
 		}
 		_ = tw.Flush()
 	}
@@ -207,12 +211,8 @@ func printAudit(w io.Writer, a control.Audit) {
 			if e.From != "" || e.To != "" {
 				change = safe(e.From) + " -> " + safe(e.To)
 			}
-			version := "-"
-			if e.Version != 0 {
-				version = fmt.Sprint(e.Version)
-			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				fmtTime(e.At), safe(e.Actor), safe(e.Kind), change, safe(e.Intent), version, safe(e.Reason))
+				fmtTime(e.At), safe(e.Actor), safe(e.Kind), change, safe(e.Intent), fmtCount(e.Version), safe(e.Reason))
 		}
 		_ = tw.Flush()
 	}

@@ -108,31 +108,11 @@ func (c *cli) verbFlags(verb string) (*flag.FlagSet, *verbOpts) {
 		fs.StringVar(&o.note, "note", "", "what you found, and where, for the audit log")
 		fs.StringVar(&o.source, "source", "", "where the answer came from (default operator)")
 	case "token":
-		fs.Func("ttl", "`duration` the token is good for, e.g. 24h or 86400 (default 24h)", func(s string) error {
-			d, err := control.ParseTTL(s)
-			if err != nil {
-				return err
-			}
-			if d <= 0 {
-				return fmt.Errorf("ttl %s is not positive", d)
-			}
-			o.ttl = &d
-			return nil
-		})
+		ttlFlag(fs, &o.ttl, "ttl", "`duration` the token is good for, e.g. 24h or 86400 (default 24h)")
 	case "claim":
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version the worker observed (default: none, the run must be ACTIVE)")
 		fs.StringVar(&o.worker, "worker", "", "who holds the claim's lease (default: cli:$USER)")
-		fs.Func("lease", "`duration` of the claim's lease, e.g. 10m or 600 (default: the server's, 10m)", func(s string) error {
-			d, err := control.ParseTTL(s)
-			if err != nil {
-				return err
-			}
-			if d <= 0 {
-				return fmt.Errorf("lease %s is not positive", d)
-			}
-			o.lease = &d
-			return nil
-		})
+		ttlFlag(fs, &o.lease, "lease", "`duration` of the claim's lease, e.g. 10m or 600 (default: the server's, 10m)")
 	case "browser":
 		fs.StringVar(&o.run, "run", "", "the run the browser belongs to (required)")
 		fs.Int64Var(&o.version, "version", 0, "the cancel_version the agent observed, checked by every action (default: the run's at the launch)")

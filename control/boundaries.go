@@ -58,6 +58,18 @@ func intentPath(r *http.Request) (run, key string, err error) {
 	return run, key, nil
 }
 
+// intentRequest reads a request on one intent with a body: the path's run
+// and key first, then the body.
+func intentRequest[T any](r *http.Request) (run, key string, body T, err error) {
+	if run, key, err = intentPath(r); err != nil {
+		return "", "", body, err
+	}
+	if err = decode(r, &body); err != nil {
+		return "", "", body, err
+	}
+	return run, key, body, nil
+}
+
 // leaseOf is who holds a lease and for how long: the named worker, else
 // the actor; for a caller with a worker token, always that worker (the
 // name it gives only tells its processes apart, see Principal.workerOwner).
@@ -122,12 +134,8 @@ func leaseTTL(ttl *TTL) (time.Duration, error) {
 // leased to the worker until it reports an outcome or the lease expires
 // (then UNKNOWN, never silently handed to another worker).
 func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[ClaimRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body ClaimRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	if err := checkStepID(body.StepID); err != nil {
@@ -147,12 +155,8 @@ func (h *Handler) claim(r *http.Request, actor string) (int, any, error) {
 // "retry:<step>:<attempt>", unleased; the cancel revokes it in its own
 // atomic step.
 func (h *Handler) retry(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[RetryRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body RetryRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	if err := checkStepID(body.StepID); err != nil {
@@ -210,12 +214,8 @@ func (h *Handler) dispatchRetry(r *http.Request, actor string) (int, any, error)
 
 // beginIntent is the guard for an effect the caller carries itself.
 func (h *Handler) beginIntent(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[IntentRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body IntentRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	if body.Key == "" {
@@ -281,12 +281,8 @@ func (h *Handler) guard(r *http.Request, req state.GuardRequest) (int, any, erro
 // lease that is no longer the worker's (expired into UNKNOWN, finished, or
 // another worker's) is a 409: the worker must stop and not report success.
 func (h *Handler) renewIntent(r *http.Request, actor string) (int, any, error) {
-	id, key, err := intentPath(r)
+	id, key, body, err := intentRequest[RenewRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body RenewRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	owner, ttl, err := leaseOf(r, body.Worker, body.LeaseTTL, actor)
@@ -328,12 +324,8 @@ func (h *Handler) getIntent(r *http.Request, _ string) (int, any, error) {
 
 // finishIntent records what happened to an IN_FLIGHT effect.
 func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) {
-	id, key, err := intentPath(r)
+	id, key, body, err := intentRequest[OutcomeRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body OutcomeRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	var outcome state.IntentState
@@ -397,12 +389,8 @@ func (h *Handler) finishIntent(r *http.Request, actor string) (int, any, error) 
 // kind of the caller's own (NoteKindPrefixes), under the caller's actor: a
 // worker can add to its run's record, never forge what stopgate wrote.
 func (h *Handler) noteIntent(r *http.Request, actor string) (int, any, error) {
-	id, key, err := intentPath(r)
+	id, key, body, err := intentRequest[NoteRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body NoteRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	if !slices.ContainsFunc(NoteKindPrefixes, func(p string) bool { return strings.HasPrefix(body.Kind, p) && len(body.Kind) > len(p) }) {

@@ -75,12 +75,8 @@ type BrowserLauncher func(ctx context.Context, req BrowserLaunch) (BrowserLaunch
 // URL, 200 when it was already running, the guard's refusal for a run that
 // is not ACTIVE.
 func (h *Handler) launchBrowser(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[BrowserRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body BrowserRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	if body.CancelVersion < 0 {

@@ -19,6 +19,18 @@ func runID(r *http.Request) (string, error) {
 	return id, nil
 }
 
+// runRequest reads a request on one run with a body: the {run} path
+// segment first, then the body.
+func runRequest[T any](r *http.Request) (id string, body T, err error) {
+	if id, err = runID(r); err != nil {
+		return "", body, err
+	}
+	if err = decode(r, &body); err != nil {
+		return "", body, err
+	}
+	return id, body, nil
+}
+
 // admit answers 201 when the run is new, 200 when it was already ACTIVE.
 func (h *Handler) admit(r *http.Request, actor string) (int, any, error) {
 	var body AdmitRequest
@@ -103,12 +115,8 @@ func (h *Handler) get(r *http.Request, _ string) (int, any, error) {
 // cancel answers 202: the cancel has committed, but the run drains (and a
 // sweeper moves it on) after the answer.
 func (h *Handler) cancel(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[CancelRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body CancelRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	var drain *time.Duration
@@ -152,12 +160,8 @@ func (h *Handler) cancelRun(ctx context.Context, id, actor, reason string, drain
 }
 
 func (h *Handler) complete(r *http.Request, actor string) (int, any, error) {
-	id, err := runID(r)
+	id, body, err := runRequest[CompleteRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body CompleteRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	req := state.CompleteRequest{RunID: id, Version: body.CancelVersion, Actor: actor, Reason: body.Reason}

@@ -39,12 +39,8 @@ func (h *Handler) issueToken(r *http.Request, _ string) (int, any, error) {
 	if h.tokens == nil {
 		return 0, nil, refusal.New(refusal.NotFound, "this stopgate issues no run tokens: start serve with --run-token-secret")
 	}
-	id, err := runID(r)
+	id, body, err := runRequest[TokenRequest](r)
 	if err != nil {
-		return 0, nil, err
-	}
-	var body TokenRequest
-	if err := decode(r, &body); err != nil {
 		return 0, nil, err
 	}
 	ttl := DefaultTokenTTL

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -231,20 +233,13 @@ func (ws *watches) Holds(run string) bool {
 func (ws *watches) Runs() []string {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	runs := make([]string, 0, len(ws.byRun))
-	for run := range ws.byRun {
-		runs = append(runs, run)
-	}
-	return runs
+	return slices.Collect(maps.Keys(ws.byRun))
 }
 
 // Enforce hands a fresh row to every watch of its run; it never blocks.
 func (ws *watches) Enforce(row state.Run) {
 	ws.mu.Lock()
-	fs := make([]*follower, 0, len(ws.byRun[row.ID]))
-	for f := range ws.byRun[row.ID] {
-		fs = append(fs, f)
-	}
+	fs := slices.Collect(maps.Keys(ws.byRun[row.ID]))
 	ws.mu.Unlock()
 	for _, f := range fs {
 		f.offer(row)

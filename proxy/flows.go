@@ -3,7 +3,9 @@ package proxy
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,11 +213,7 @@ func (s *flowSet) Holds(run string) bool {
 func (s *flowSet) Runs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.byRun))
-	for run := range s.byRun {
-		out = append(out, run)
-	}
-	return out
+	return slices.Collect(maps.Keys(s.byRun))
 }
 
 // Enforce applies the run's row to its open flows: nothing while ACTIVE;

@@ -133,6 +133,15 @@ func (p *Proxy) intercept(client net.Conn, host string, ex *exchange) {
 	}
 }
 
+// refuseInnerConnect answers a CONNECT read on a connection that already
+// goes through the guard (where says which): a tunnel opened from inside
+// it would carry requests the guard never reads.
+func refuseInnerConnect(w http.ResponseWriter, where string) {
+	refusal.New(refusal.NotATransparentRequest,
+		"CONNECT %s: this connection already goes through stopgate's guard; tunnelling through another proxy is refused", where,
+	).WriteHTTP(w)
+}
+
 // serveIntercepted serves one request read inside an intercepted tunnel:
 // its target is made absolute (the request's own Host, else the CONNECT's
 // host) and it is served as any proxy request, in the tunnel's slot.
@@ -143,9 +152,7 @@ func (p *Proxy) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodConnect {
-		refusal.New(refusal.NotATransparentRequest,
-			"CONNECT inside a tunnel through stopgate: this connection already goes through stopgate's guard; tunnelling through another proxy is refused",
-		).WriteHTTP(w)
+		refuseInnerConnect(w, "inside a tunnel through stopgate")
 		return
 	}
 	scheme := "http"

@@ -274,9 +274,7 @@ func (t *Transparent) serveRequest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodConnect {
-		refusal.New(refusal.NotATransparentRequest,
-			"CONNECT on a connection redirected to stopgate: this connection already goes through stopgate's guard; tunnelling through another proxy is refused",
-		).WriteHTTP(w)
+		refuseInnerConnect(w, "on a connection redirected to stopgate")
 		return
 	}
 	host := r.Host
