@@ -285,14 +285,7 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 	if len(req.Refs) == 0 {
 		return out, nil
 	}
-	keys := map[string][]string{}
-	var runs []string
-	for _, ref := range req.Refs {
-		if _, ok := keys[ref.RunID]; !ok {
-			runs = append(runs, ref.RunID)
-		}
-		keys[ref.RunID] = append(keys[ref.RunID], ref.Key)
-	}
+	runs, keys := req.ByRun()
 	err := s.update(ctx, "renew", func(t *txn) error {
 		// A step may run again (its shared commit rolled back): start over.
 		out = state.RenewResult{Runs: map[string]state.Run{}}

@@ -385,14 +385,7 @@ func (m *Model) Renew(_ context.Context, req state.RenewRequest) (state.RenewRes
 		return state.RenewResult{}, err
 	}
 	out := state.RenewResult{Runs: map[string]state.Run{}}
-	byRun := map[string][]string{}
-	var runs []string
-	for _, ref := range req.Refs {
-		if _, ok := byRun[ref.RunID]; !ok {
-			runs = append(runs, ref.RunID)
-		}
-		byRun[ref.RunID] = append(byRun[ref.RunID], ref.Key)
-	}
+	runs, byRun := req.ByRun()
 	for _, id := range runs {
 		err := m.step(id, func(v machine.View, now time.Time) (*machine.Mutation, error) {
 			r, mut, err := machine.Renew(v, id, req.Owner, req.TTL, byRun[id], now)
