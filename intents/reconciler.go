@@ -36,8 +36,8 @@ type Reconciler struct {
 	// when zero).
 	PageSize int
 
+	pages activePages
 	mu    sync.Mutex
-	after string // the ACTIVE run id the next page starts after
 	next  map[state.IntentRef]time.Time
 	waits map[state.IntentRef]time.Duration
 }
@@ -58,7 +58,7 @@ func (r *Reconciler) Pass(ctx context.Context) {
 	if err != nil {
 		log.Warn("reconcile: cannot list draining runs", "err", err)
 	}
-	active, err := r.page(ctx)
+	active, err := r.pages.next(ctx, r.Store, r.StoreTimeout, r.PageSize)
 	if err != nil {
 		log.Warn("reconcile: cannot list active runs", "err", err)
 	}
@@ -77,31 +77,6 @@ func (r *Reconciler) Pass(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// page reads the next page of ACTIVE runs and moves the walk on.
-func (r *Reconciler) page(ctx context.Context) ([]string, error) {
-	r.mu.Lock()
-	after := r.after
-	r.mu.Unlock()
-	size := r.PageSize
-	if size <= 0 {
-		size = DefaultSweepPage
-	}
-	ids, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]string, error) {
-		return r.Store.ActiveRuns(ctx, after, size)
-	})
-	if err != nil {
-		return nil, err
-	}
-	next := ""
-	if len(ids) == size {
-		next = ids[len(ids)-1]
-	}
-	r.mu.Lock()
-	r.after = next
-	r.mu.Unlock()
-	return ids, nil
 }
 
 func (r *Reconciler) lookupFor(in state.Intent) (policy.Lookup, bool) {

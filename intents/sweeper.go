@@ -60,9 +60,8 @@ type Sweeper struct {
 	// long drains take.
 	Drained func(run state.Run)
 
-	mu sync.Mutex
-	// next is the ACTIVE run id the next page starts after ("" from the start).
-	next string
+	pages activePages
+	mu    sync.Mutex
 	// cancelling are the runs the last sweeps saw CANCELLING.
 	cancelling map[string]struct{}
 }
@@ -99,7 +98,7 @@ func (s *Sweeper) Sweep(ctx context.Context) {
 	if err != nil {
 		log.Warn("sweep: cannot list draining runs", "err", err)
 	}
-	active, err := s.page(ctx)
+	active, err := s.pages.next(ctx, s.Store, s.StoreTimeout, s.PageSize)
 	if err != nil {
 		log.Warn("sweep: cannot list active runs", "err", err)
 	}
@@ -181,17 +180,27 @@ func (s *Sweeper) noteDrains(ctx context.Context, ticked map[string]state.Run) {
 	s.mu.Unlock()
 }
 
-// page reads the next page of ACTIVE runs and moves the walk on.
-func (s *Sweeper) page(ctx context.Context) ([]string, error) {
-	s.mu.Lock()
-	after := s.next
-	s.mu.Unlock()
-	size := s.PageSize
+// activePages walks the ACTIVE runs a page at a time in id order, starting
+// over after the last page: the share of ACTIVE runs each pass of the
+// Sweeper and of the Reconciler looks at.
+type activePages struct {
+	mu sync.Mutex
+	// after is the ACTIVE run id the next page starts after ("" from the
+	// start).
+	after string
+}
+
+// next reads the next page of ACTIVE runs, of size (DefaultSweepPage when
+// zero), and moves the walk on.
+func (w *activePages) next(ctx context.Context, store state.Store, timeout time.Duration, size int) ([]string, error) {
+	w.mu.Lock()
+	after := w.after
+	w.mu.Unlock()
 	if size <= 0 {
 		size = DefaultSweepPage
 	}
-	ids, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) ([]string, error) {
-		return s.Store.ActiveRuns(ctx, after, size)
+	ids, err := storeCall(ctx, timeout, func(ctx context.Context) ([]string, error) {
+		return store.ActiveRuns(ctx, after, size)
 	})
 	if err != nil {
 		return nil, err
@@ -200,9 +209,9 @@ func (s *Sweeper) page(ctx context.Context) ([]string, error) {
 	if len(ids) == size {
 		next = ids[len(ids)-1]
 	}
-	s.mu.Lock()
-	s.next = next
-	s.mu.Unlock()
+	w.mu.Lock()
+	w.after = next
+	w.mu.Unlock()
 	return ids, nil
 }
 
