@@ -36,7 +36,7 @@ type Reconciler struct {
 	// when zero).
 	PageSize int
 
-	pages activePages
+	runs  runWalk
 	mu    sync.Mutex
 	next  map[state.IntentRef]time.Time
 	waits map[state.IntentRef]time.Duration
@@ -54,15 +54,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 // draining run and of one page of ACTIVE runs.
 func (r *Reconciler) Pass(ctx context.Context) {
 	log := r.logger()
-	runs, err := storeCall(ctx, r.StoreTimeout, r.Store.DrainingRuns)
-	if err != nil {
-		log.Warn("reconcile: cannot list draining runs", "err", err)
-	}
-	active, err := r.pages.next(ctx, r.Store, r.StoreTimeout, r.PageSize)
-	if err != nil {
-		log.Warn("reconcile: cannot list active runs", "err", err)
-	}
-	for _, run := range append(runs, active...) {
+	for _, run := range r.runs.pass(ctx, r.Store, r.StoreTimeout, r.PageSize, log, "reconcile") {
 		ins, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]state.Intent, error) { return r.Store.Intents(ctx, run) })
 		if err != nil {
 			log.Warn("reconcile: cannot list intents", "run", run, "err", err)
