@@ -26,38 +26,12 @@ type AdmitRequest struct {
 
 // BudgetRequest is a run's budget on the wire; a limit not given is none
 // (or the policy's). Durations are Go durations ("30m"), the spend is USD.
-type BudgetRequest struct {
-	MaxEffects               int64       `json:"max_effects,omitempty"`
-	MaxEffectsPerDestination int64       `json:"max_effects_per_destination,omitempty"`
-	MaxRequestBytes          int64       `json:"max_request_bytes,omitempty"`
-	MaxResponseBytes         int64       `json:"max_response_bytes,omitempty"`
-	MaxWallTime              string      `json:"max_wall_time,omitempty"`
-	MaxInputTokens           int64       `json:"max_input_tokens,omitempty"`
-	MaxOutputTokens          int64       `json:"max_output_tokens,omitempty"`
-	MaxTokens                int64       `json:"max_tokens,omitempty"`
-	MaxSpendUSD              json.Number `json:"max_spend_usd,omitempty"`
-	CancelOnUnknownUsage     bool        `json:"cancel_on_unknown_usage,omitempty"`
-	DrainTimeout             string      `json:"drain_timeout,omitempty"`
-}
+type BudgetRequest state.BudgetWire
 
 // BudgetRequestOf is b on the wire.
 func BudgetRequestOf(b state.Budget) *BudgetRequest {
-	out := &BudgetRequest{
-		MaxEffects: b.MaxEffects, MaxEffectsPerDestination: b.MaxEffectsPerDestination,
-		MaxRequestBytes: b.MaxRequestBytes, MaxResponseBytes: b.MaxResponseBytes,
-		MaxInputTokens: b.MaxInputTokens, MaxOutputTokens: b.MaxOutputTokens, MaxTokens: b.MaxTokens,
-		CancelOnUnknownUsage: b.CancelOnUnknownUsage,
-	}
-	if b.MaxWallTime != 0 {
-		out.MaxWallTime = b.MaxWallTime.String()
-	}
-	if b.DrainTimeout != 0 {
-		out.DrainTimeout = b.DrainTimeout.String()
-	}
-	if b.MaxSpend != 0 {
-		out.MaxSpendUSD = json.Number(state.FormatUSD(b.MaxSpend))
-	}
-	return out
+	out := BudgetRequest(b.Wire())
+	return &out
 }
 
 // Budget is the budget the request gives, or what is wrong with it,
@@ -66,31 +40,9 @@ func (r *BudgetRequest) Budget() (state.Budget, error) {
 	if r == nil {
 		return state.Budget{}, nil
 	}
-	b := state.Budget{
-		MaxEffects: r.MaxEffects, MaxEffectsPerDestination: r.MaxEffectsPerDestination,
-		MaxRequestBytes: r.MaxRequestBytes, MaxResponseBytes: r.MaxResponseBytes,
-		MaxInputTokens: r.MaxInputTokens, MaxOutputTokens: r.MaxOutputTokens, MaxTokens: r.MaxTokens,
-		CancelOnUnknownUsage: r.CancelOnUnknownUsage,
-	}
-	for _, d := range []struct {
-		field, v string
-		into     *time.Duration
-	}{{"budget.max_wall_time", r.MaxWallTime, &b.MaxWallTime}, {"budget.drain_timeout", r.DrainTimeout, &b.DrainTimeout}} {
-		if d.v == "" {
-			continue
-		}
-		v, err := time.ParseDuration(d.v)
-		if err != nil {
-			return state.Budget{}, fmt.Errorf("%w: %s %q is not a duration like 30m", state.ErrInvalid, d.field, d.v)
-		}
-		*d.into = v
-	}
-	if r.MaxSpendUSD != "" {
-		n, err := state.ParseUSD(string(r.MaxSpendUSD))
-		if err != nil {
-			return state.Budget{}, fmt.Errorf("%w: budget.max_spend_usd: %w", state.ErrInvalid, err)
-		}
-		b.MaxSpend = n
+	b, err := state.BudgetWire(*r).Budget()
+	if err != nil {
+		return state.Budget{}, fmt.Errorf("%w: %w", state.ErrInvalid, err)
 	}
 	return b, b.Validate()
 }

@@ -36,8 +36,8 @@ type Reconciler struct {
 	// when zero).
 	PageSize int
 
+	runs  runWalk
 	mu    sync.Mutex
-	after string // the ACTIVE run id the next page starts after
 	next  map[state.IntentRef]time.Time
 	waits map[state.IntentRef]time.Duration
 }
@@ -54,15 +54,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 // draining run and of one page of ACTIVE runs.
 func (r *Reconciler) Pass(ctx context.Context) {
 	log := r.logger()
-	runs, err := storeCall(ctx, r.StoreTimeout, r.Store.DrainingRuns)
-	if err != nil {
-		log.Warn("reconcile: cannot list draining runs", "err", err)
-	}
-	active, err := r.page(ctx)
-	if err != nil {
-		log.Warn("reconcile: cannot list active runs", "err", err)
-	}
-	for _, run := range append(runs, active...) {
+	for _, run := range r.runs.pass(ctx, r.Store, r.StoreTimeout, r.PageSize, log, "reconcile") {
 		ins, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]state.Intent, error) { return r.Store.Intents(ctx, run) })
 		if err != nil {
 			log.Warn("reconcile: cannot list intents", "run", run, "err", err)
@@ -77,31 +69,6 @@ func (r *Reconciler) Pass(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// page reads the next page of ACTIVE runs and moves the walk on.
-func (r *Reconciler) page(ctx context.Context) ([]string, error) {
-	r.mu.Lock()
-	after := r.after
-	r.mu.Unlock()
-	size := r.PageSize
-	if size <= 0 {
-		size = DefaultSweepPage
-	}
-	ids, err := storeCall(ctx, r.StoreTimeout, func(ctx context.Context) ([]string, error) {
-		return r.Store.ActiveRuns(ctx, after, size)
-	})
-	if err != nil {
-		return nil, err
-	}
-	next := ""
-	if len(ids) == size {
-		next = ids[len(ids)-1]
-	}
-	r.mu.Lock()
-	r.after = next
-	r.mu.Unlock()
-	return ids, nil
 }
 
 func (r *Reconciler) lookupFor(in state.Intent) (policy.Lookup, bool) {

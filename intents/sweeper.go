@@ -60,9 +60,8 @@ type Sweeper struct {
 	// long drains take.
 	Drained func(run state.Run)
 
-	mu sync.Mutex
-	// next is the ACTIVE run id the next page starts after ("" from the start).
-	next string
+	runs runWalk
+	mu   sync.Mutex
 	// cancelling are the runs the last sweeps saw CANCELLING.
 	cancelling map[string]struct{}
 }
@@ -95,16 +94,9 @@ func every(ctx context.Context, interval time.Duration, f func(context.Context))
 // Sweep ticks every draining run and one page of ACTIVE runs, then prunes.
 func (s *Sweeper) Sweep(ctx context.Context) {
 	log := s.logger()
-	draining, err := storeCall(ctx, s.StoreTimeout, s.Store.DrainingRuns)
-	if err != nil {
-		log.Warn("sweep: cannot list draining runs", "err", err)
-	}
-	active, err := s.page(ctx)
-	if err != nil {
-		log.Warn("sweep: cannot list active runs", "err", err)
-	}
-	ticked := make(map[string]state.Run, len(draining))
-	for _, id := range append(draining, active...) {
+	runs := s.runs.pass(ctx, s.Store, s.StoreTimeout, s.PageSize, log, "sweep")
+	ticked := make(map[string]state.Run, len(runs))
+	for _, id := range runs {
 		if ctx.Err() != nil {
 			return
 		}
@@ -181,17 +173,43 @@ func (s *Sweeper) noteDrains(ctx context.Context, ticked map[string]state.Run) {
 	s.mu.Unlock()
 }
 
-// page reads the next page of ACTIVE runs and moves the walk on.
-func (s *Sweeper) page(ctx context.Context) ([]string, error) {
-	s.mu.Lock()
-	after := s.next
-	s.mu.Unlock()
-	size := s.PageSize
+// runWalk is what each pass of the Sweeper and of the Reconciler looks
+// at: every draining run, and the next page of ACTIVE runs, which it walks
+// in id order, starting over after the last page.
+type runWalk struct {
+	mu sync.Mutex
+	// after is the ACTIVE run id the next page starts after ("" from the
+	// start).
+	after string
+}
+
+// pass lists the runs of the next pass: the draining ones, then the next
+// page of ACTIVE ones (of pageSize, DefaultSweepPage when zero). A list the
+// store did not give is logged, under who ("sweep", "reconcile"), and left
+// out.
+func (w *runWalk) pass(ctx context.Context, store state.Store, timeout time.Duration, pageSize int, log *slog.Logger, who string) []string {
+	draining, err := storeCall(ctx, timeout, store.DrainingRuns)
+	if err != nil {
+		log.Warn(who+": cannot list draining runs", "err", err)
+	}
+	active, err := w.page(ctx, store, timeout, pageSize)
+	if err != nil {
+		log.Warn(who+": cannot list active runs", "err", err)
+	}
+	return append(draining, active...)
+}
+
+// page reads the next page of ACTIVE runs, of size (DefaultSweepPage when
+// zero), and moves the walk on.
+func (w *runWalk) page(ctx context.Context, store state.Store, timeout time.Duration, size int) ([]string, error) {
+	w.mu.Lock()
+	after := w.after
+	w.mu.Unlock()
 	if size <= 0 {
 		size = DefaultSweepPage
 	}
-	ids, err := storeCall(ctx, s.StoreTimeout, func(ctx context.Context) ([]string, error) {
-		return s.Store.ActiveRuns(ctx, after, size)
+	ids, err := storeCall(ctx, timeout, func(ctx context.Context) ([]string, error) {
+		return store.ActiveRuns(ctx, after, size)
 	})
 	if err != nil {
 		return nil, err
@@ -200,9 +218,9 @@ func (s *Sweeper) page(ctx context.Context) ([]string, error) {
 	if len(ids) == size {
 		next = ids[len(ids)-1]
 	}
-	s.mu.Lock()
-	s.next = next
-	s.mu.Unlock()
+	w.mu.Lock()
+	w.after = next
+	w.mu.Unlock()
 	return ids, nil
 }
 

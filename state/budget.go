@@ -245,9 +245,9 @@ func ParseBudgetText(s string) (Budget, error) {
 	return b, nil
 }
 
-// budgetJSON is a budget on the wire: durations as Go durations, the
-// spend in USD.
-type budgetJSON struct {
+// BudgetWire is a budget on the wire, as the API takes it and the rows and
+// the CLI show it: durations as Go durations ("30m"), the spend in USD.
+type BudgetWire struct {
 	MaxEffects               int64       `json:"max_effects,omitempty"`
 	MaxEffectsPerDestination int64       `json:"max_effects_per_destination,omitempty"`
 	MaxRequestBytes          int64       `json:"max_request_bytes,omitempty"`
@@ -261,9 +261,9 @@ type budgetJSON struct {
 	DrainTimeout             string      `json:"drain_timeout,omitempty"`
 }
 
-// MarshalJSON writes the budget as the API and the CLI show it.
-func (b Budget) MarshalJSON() ([]byte, error) {
-	w := budgetJSON{
+// Wire is b on the wire.
+func (b Budget) Wire() BudgetWire {
+	w := BudgetWire{
 		MaxEffects: b.MaxEffects, MaxEffectsPerDestination: b.MaxEffectsPerDestination,
 		MaxRequestBytes: b.MaxRequestBytes, MaxResponseBytes: b.MaxResponseBytes,
 		MaxInputTokens: b.MaxInputTokens, MaxOutputTokens: b.MaxOutputTokens, MaxTokens: b.MaxTokens,
@@ -278,40 +278,62 @@ func (b Budget) MarshalJSON() ([]byte, error) {
 	if b.MaxSpend != 0 {
 		w.MaxSpendUSD = json.Number(FormatUSD(b.MaxSpend))
 	}
-	return json.Marshal(w)
+	return w
+}
+
+// Budget is the budget w gives, or which field does not parse. It does not
+// Validate the limits: a row read back was validated when it was written.
+func (w BudgetWire) Budget() (Budget, error) {
+	b := Budget{
+		MaxEffects: w.MaxEffects, MaxEffectsPerDestination: w.MaxEffectsPerDestination,
+		MaxRequestBytes: w.MaxRequestBytes, MaxResponseBytes: w.MaxResponseBytes,
+		MaxInputTokens: w.MaxInputTokens, MaxOutputTokens: w.MaxOutputTokens, MaxTokens: w.MaxTokens,
+		CancelOnUnknownUsage: w.CancelOnUnknownUsage,
+	}
+	for _, d := range []struct {
+		field, v, example string
+		into              *time.Duration
+	}{
+		{LimitWallTime, w.MaxWallTime, "30m", &b.MaxWallTime},
+		{"drain_timeout", w.DrainTimeout, "30s", &b.DrainTimeout},
+	} {
+		if d.v == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.v)
+		if err != nil {
+			return Budget{}, fmt.Errorf("budget.%s %q is not a duration like %s", d.field, d.v, d.example)
+		}
+		*d.into = v
+	}
+	if w.MaxSpendUSD != "" {
+		n, err := ParseUSD(string(w.MaxSpendUSD))
+		if err != nil {
+			return Budget{}, fmt.Errorf("budget.%s: %w", LimitSpend, err)
+		}
+		b.MaxSpend = n
+	}
+	return b, nil
+}
+
+// MarshalJSON writes the budget as the API and the CLI show it.
+func (b Budget) MarshalJSON() ([]byte, error) {
+	return json.Marshal(b.Wire())
 }
 
 // UnmarshalJSON reads what MarshalJSON writes, refusing fields it does not
 // know so that a misspelt limit is never silently no limit.
 func (b *Budget) UnmarshalJSON(data []byte) error {
-	var w budgetJSON
+	var w BudgetWire
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
 	if err := dec.Decode(&w); err != nil {
 		return fmt.Errorf("budget: %w", err)
 	}
-	out := Budget{
-		MaxEffects: w.MaxEffects, MaxEffectsPerDestination: w.MaxEffectsPerDestination,
-		MaxRequestBytes: w.MaxRequestBytes, MaxResponseBytes: w.MaxResponseBytes,
-		MaxInputTokens: w.MaxInputTokens, MaxOutputTokens: w.MaxOutputTokens, MaxTokens: w.MaxTokens,
-		CancelOnUnknownUsage: w.CancelOnUnknownUsage,
-	}
-	var err error
-	if w.MaxWallTime != "" {
-		if out.MaxWallTime, err = time.ParseDuration(w.MaxWallTime); err != nil {
-			return fmt.Errorf("budget %s: %q is not a duration like 30m", LimitWallTime, w.MaxWallTime)
-		}
-	}
-	if w.DrainTimeout != "" {
-		if out.DrainTimeout, err = time.ParseDuration(w.DrainTimeout); err != nil {
-			return fmt.Errorf("budget drain_timeout: %q is not a duration like 30s", w.DrainTimeout)
-		}
-	}
-	if w.MaxSpendUSD != "" {
-		if out.MaxSpend, err = ParseUSD(string(w.MaxSpendUSD)); err != nil {
-			return fmt.Errorf("budget %s: %w", LimitSpend, err)
-		}
+	out, err := w.Budget()
+	if err != nil {
+		return err
 	}
 	*b = out
 	return nil

@@ -449,6 +449,20 @@ type RenewRequest struct {
 	Refs  []IntentRef
 }
 
+// ByRun groups the keys of r.Refs by run: the runs in the order they are
+// first named, and each run's keys in the order given. A store renews one
+// run per step.
+func (r RenewRequest) ByRun() (runs []string, keys map[string][]string) {
+	keys = map[string][]string{}
+	for _, ref := range r.Refs {
+		if _, ok := keys[ref.RunID]; !ok {
+			runs = append(runs, ref.RunID)
+		}
+		keys[ref.RunID] = append(keys[ref.RunID], ref.Key)
+	}
+	return runs, keys
+}
+
 // RenewResult is what a renewal found: the intents whose lease it extended
 // (as they now stand), and the row of every run named, so that a carrier
 // learns in the same round trip whether its run was cancelled meanwhile.

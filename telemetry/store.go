@@ -34,51 +34,43 @@ func (m *measured) observe(op string, start time.Time, err error) {
 	}
 }
 
+// timed is observe for a call that defers it: err is read as the call
+// returns.
+func (m *measured) timed(op string, start time.Time, err *error) { m.observe(op, start, *err) }
+
 func isConflict(err error) bool {
 	var c *state.Conflict
 	return errors.As(err, &c)
 }
 
-func (m *measured) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitResult, error) {
-	start := time.Now()
-	out, err := m.Store.Admit(ctx, req)
-	m.observe("admit", start, err)
-	return out, err
+func (m *measured) Admit(ctx context.Context, req state.AdmitRequest) (_ state.AdmitResult, err error) {
+	defer m.timed("admit", time.Now(), &err)
+	return m.Store.Admit(ctx, req)
 }
 
-func (m *measured) Cancel(ctx context.Context, req state.CancelRequest) (state.CancelResult, error) {
-	start := time.Now()
-	out, err := m.Store.Cancel(ctx, req)
-	m.observe("cancel", start, err)
-	return out, err
+func (m *measured) Cancel(ctx context.Context, req state.CancelRequest) (_ state.CancelResult, err error) {
+	defer m.timed("cancel", time.Now(), &err)
+	return m.Store.Cancel(ctx, req)
 }
 
-func (m *measured) Complete(ctx context.Context, req state.CompleteRequest) (state.Run, error) {
-	start := time.Now()
-	out, err := m.Store.Complete(ctx, req)
-	m.observe("complete", start, err)
-	return out, err
+func (m *measured) Complete(ctx context.Context, req state.CompleteRequest) (_ state.Run, err error) {
+	defer m.timed("complete", time.Now(), &err)
+	return m.Store.Complete(ctx, req)
 }
 
-func (m *measured) Get(ctx context.Context, runID string) (state.Run, error) {
-	start := time.Now()
-	out, err := m.Store.Get(ctx, runID)
-	m.observe("get", start, err)
-	return out, err
+func (m *measured) Get(ctx context.Context, runID string) (_ state.Run, err error) {
+	defer m.timed("get", time.Now(), &err)
+	return m.Store.Get(ctx, runID)
 }
 
-func (m *measured) Guard(ctx context.Context, req state.GuardRequest) (state.GuardResult, error) {
-	start := time.Now()
-	out, err := m.Store.Guard(ctx, req)
-	m.observe("guard", start, err)
-	return out, err
+func (m *measured) Guard(ctx context.Context, req state.GuardRequest) (_ state.GuardResult, err error) {
+	defer m.timed("guard", time.Now(), &err)
+	return m.Store.Guard(ctx, req)
 }
 
-func (m *measured) Finish(ctx context.Context, req state.FinishRequest) (state.Intent, error) {
-	start := time.Now()
-	out, err := m.Store.Finish(ctx, req)
-	m.observe("outcome", start, err)
-	return out, err
+func (m *measured) Finish(ctx context.Context, req state.FinishRequest) (_ state.Intent, err error) {
+	defer m.timed("outcome", time.Now(), &err)
+	return m.Store.Finish(ctx, req)
 }
 
 func (m *measured) FinishLater(ctx context.Context, req state.FinishRequest, done func(error)) {
@@ -89,51 +81,37 @@ func (m *measured) FinishLater(ctx context.Context, req state.FinishRequest, don
 	})
 }
 
-func (m *measured) Resolve(ctx context.Context, req state.ResolveRequest) (state.Intent, error) {
-	start := time.Now()
-	out, err := m.Store.Resolve(ctx, req)
-	m.observe("resolve", start, err)
-	return out, err
+func (m *measured) Resolve(ctx context.Context, req state.ResolveRequest) (_ state.Intent, err error) {
+	defer m.timed("resolve", time.Now(), &err)
+	return m.Store.Resolve(ctx, req)
 }
 
-func (m *measured) Note(ctx context.Context, req state.NoteRequest) error {
-	start := time.Now()
-	err := m.Store.Note(ctx, req)
-	m.observe("note", start, err)
-	return err
+func (m *measured) Note(ctx context.Context, req state.NoteRequest) (err error) {
+	defer m.timed("note", time.Now(), &err)
+	return m.Store.Note(ctx, req)
 }
 
-func (m *measured) Renew(ctx context.Context, req state.RenewRequest) (state.RenewResult, error) {
-	start := time.Now()
-	out, err := m.Store.Renew(ctx, req)
-	m.observe("renew", start, err)
-	return out, err
+func (m *measured) Renew(ctx context.Context, req state.RenewRequest) (_ state.RenewResult, err error) {
+	defer m.timed("renew", time.Now(), &err)
+	return m.Store.Renew(ctx, req)
 }
 
-func (m *measured) Tick(ctx context.Context, req state.TickRequest) (state.Run, error) {
-	start := time.Now()
-	out, err := m.Store.Tick(ctx, req)
-	m.observe("tick", start, err)
-	return out, err
+func (m *measured) Tick(ctx context.Context, req state.TickRequest) (_ state.Run, err error) {
+	defer m.timed("tick", time.Now(), &err)
+	return m.Store.Tick(ctx, req)
 }
 
-func (m *measured) Prune(ctx context.Context, req state.PruneRequest) (int, error) {
-	start := time.Now()
-	n, err := m.Store.Prune(ctx, req)
-	m.observe("prune", start, err)
-	return n, err
+func (m *measured) Prune(ctx context.Context, req state.PruneRequest) (_ int, err error) {
+	defer m.timed("prune", time.Now(), &err)
+	return m.Store.Prune(ctx, req)
 }
 
-func (m *measured) Totals(ctx context.Context) (state.Totals, error) {
-	start := time.Now()
-	out, err := m.Store.Totals(ctx)
-	m.observe("totals", start, err)
-	return out, err
+func (m *measured) Totals(ctx context.Context) (_ state.Totals, err error) {
+	defer m.timed("totals", time.Now(), &err)
+	return m.Store.Totals(ctx)
 }
 
-func (m *measured) Ping(ctx context.Context) error {
-	start := time.Now()
-	err := m.Store.Ping(ctx)
-	m.observe("ping", start, err)
-	return err
+func (m *measured) Ping(ctx context.Context) (err error) {
+	defer m.timed("ping", time.Now(), &err)
+	return m.Store.Ping(ctx)
 }

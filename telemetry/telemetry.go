@@ -145,23 +145,12 @@ func (t *Telemetry) Decided(ctx context.Context, d Decision) {
 	if !t.log.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 16)
-	attrs = append(attrs, slog.String("boundary", string(d.Boundary)), slog.String("decision", string(d.Result)))
+	attrs := d.attrs()
 	str := func(k, v string) {
 		if v != "" {
 			attrs = append(attrs, slog.String(k, v))
 		}
 	}
-	str("reason", d.Reason)
-	str("run", d.Run)
-	if d.Version != 0 {
-		attrs = append(attrs, slog.Int64("version", d.Version))
-	}
-	str("via", d.Via)
-	str("method", d.Method)
-	str("host", d.Host)
-	str("intent", d.Intent)
-	str("recorded", string(d.Recorded))
 	str("rule", d.Rule)
 	if d.StatusCode != 0 {
 		attrs = append(attrs, slog.Int("status", d.StatusCode))
@@ -192,6 +181,19 @@ func (t *Telemetry) Accessed(ctx context.Context, d Decision) {
 	if !t.access || !t.log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
+	attrs := d.attrs()
+	attrs = append(attrs, slog.Int("status", d.StatusCode),
+		slog.Int64("request_bytes", d.Bytes), slog.Int64("response_bytes", d.ResponseBytes),
+		slog.Duration("upstream_latency", d.Upstream), slog.Duration("duration", d.Duration))
+	if d.Detail != "" {
+		attrs = append(attrs, slog.String("detail", d.Detail))
+	}
+	t.log.LogAttrs(ctx, slog.LevelInfo, "access", attrs...)
+}
+
+// attrs are the fields a decision line and an access line both begin
+// with: what the request was and what became of it, the empty ones left out.
+func (d Decision) attrs() []slog.Attr {
 	attrs := make([]slog.Attr, 0, 16)
 	attrs = append(attrs, slog.String("boundary", string(d.Boundary)), slog.String("decision", string(d.Result)))
 	str := func(k, v string) {
@@ -209,11 +211,7 @@ func (t *Telemetry) Accessed(ctx context.Context, d Decision) {
 	str("host", d.Host)
 	str("intent", d.Intent)
 	str("recorded", string(d.Recorded))
-	attrs = append(attrs, slog.Int("status", d.StatusCode),
-		slog.Int64("request_bytes", d.Bytes), slog.Int64("response_bytes", d.ResponseBytes),
-		slog.Duration("upstream_latency", d.Upstream), slog.Duration("duration", d.Duration))
-	str("detail", d.Detail)
-	t.log.LogAttrs(ctx, slog.LevelInfo, "access", attrs...)
+	return attrs
 }
 
 // cutCause folds a cut's reason (which may carry detail after a colon) to

@@ -60,16 +60,7 @@ func (d *dec) int() int64 {
 	return n
 }
 
-func (d *dec) text() string {
-	n := d.uint()
-	if d.err != nil || n > uint64(len(d.b)) {
-		d.fail()
-		return ""
-	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s
-}
+func (d *dec) text() string { return string(d.bytes()) }
 
 // bytes is the next text as it is stored, without a copy.
 func (d *dec) bytes() []byte {

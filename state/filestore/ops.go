@@ -22,10 +22,16 @@ func (s *Store) Admit(ctx context.Context, req state.AdmitRequest) (state.AdmitR
 	if err := req.Validate(); err != nil {
 		return state.AdmitResult{}, err
 	}
-	var out state.AdmitResult
-	err := s.update(ctx, "admit", func(t *txn) error {
-		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
-			out, m, err = machine.Admit(v, req, t.now)
+	return oneStep(ctx, s, "admit", req.RunID, machine.Admit, req)
+}
+
+// oneStep runs rule on run in a write transaction of its own and answers
+// what the rule answers.
+func oneStep[R, T any](ctx context.Context, s *Store, op, run string, rule func(machine.View, R, time.Time) (T, *machine.Mutation, error), req R) (T, error) {
+	var out T
+	err := s.update(ctx, op, func(t *txn) error {
+		return t.step(run, func(v machine.View) (m *machine.Mutation, err error) {
+			out, m, err = rule(v, req, t.now)
 			return m, err
 		})
 	})
@@ -52,13 +58,7 @@ func (s *Store) Cancel(ctx context.Context, req state.CancelRequest) (state.Canc
 	if err := req.Validate(); err != nil {
 		return state.CancelResult{}, err
 	}
-	var out state.CancelResult
-	err := s.update(ctx, "cancel", func(t *txn) error {
-		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
-			out, m, err = machine.Cancel(v, req, t.now)
-			return m, err
-		})
-	})
+	out, err := oneStep(ctx, s, "cancel", req.RunID, machine.Cancel, req)
 	if err != nil {
 		return state.CancelResult{}, err
 	}
@@ -70,14 +70,7 @@ func (s *Store) Complete(ctx context.Context, req state.CompleteRequest) (state.
 	if err := req.Validate(); err != nil {
 		return state.Run{}, err
 	}
-	var out state.Run
-	err := s.update(ctx, "complete", func(t *txn) error {
-		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
-			out, m, err = machine.Complete(v, req, t.now)
-			return m, err
-		})
-	})
-	return out, err
+	return oneStep(ctx, s, "complete", req.RunID, machine.Complete, req)
 }
 
 // Get returns the row, or ErrNotFound.
@@ -266,14 +259,7 @@ func (s *Store) Resolve(ctx context.Context, req state.ResolveRequest) (state.In
 	if err := req.Validate(); err != nil {
 		return state.Intent{}, err
 	}
-	var out state.Intent
-	err := s.update(ctx, "resolve", func(t *txn) error {
-		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
-			out, m, err = machine.Resolve(v, req, t.now)
-			return m, err
-		})
-	})
-	return out, err
+	return oneStep(ctx, s, "resolve", req.RunID, machine.Resolve, req)
 }
 
 // Renew extends the leases req.Owner holds; anything else named is skipped.
@@ -285,14 +271,7 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 	if len(req.Refs) == 0 {
 		return out, nil
 	}
-	keys := map[string][]string{}
-	var runs []string
-	for _, ref := range req.Refs {
-		if _, ok := keys[ref.RunID]; !ok {
-			runs = append(runs, ref.RunID)
-		}
-		keys[ref.RunID] = append(keys[ref.RunID], ref.Key)
-	}
+	runs, keys := req.ByRun()
 	err := s.update(ctx, "renew", func(t *txn) error {
 		// A step may run again (its shared commit rolled back): start over.
 		out = state.RenewResult{Runs: map[string]state.Run{}}
@@ -324,14 +303,7 @@ func (s *Store) Tick(ctx context.Context, req state.TickRequest) (state.Run, err
 	if err := req.Validate(); err != nil {
 		return state.Run{}, err
 	}
-	var out state.Run
-	err := s.update(ctx, "tick", func(t *txn) error {
-		return t.step(req.RunID, func(v machine.View) (m *machine.Mutation, err error) {
-			out, m, err = machine.Tick(v, req, t.now)
-			return m, err
-		})
-	})
-	return out, err
+	return oneStep(ctx, s, "tick", req.RunID, machine.Tick, req)
 }
 
 // Intent returns one intent, or ErrNotFound.

@@ -110,8 +110,42 @@ func (s *Store) migrate(ctx context.Context) error {
 // statuses reads the named fields of the rows of ids, in pipelined
 // batches. A missing row is absent from the map.
 func (s *Store) statuses(ctx context.Context, op string, ids []string, fields ...string) (map[string][]string, error) {
-	const batch = 512
 	out := make(map[string][]string, len(ids))
+	err := s.readRows(ctx, op, ids, fields, func(id string, vals []any) {
+		if len(vals) == 0 || vals[0] == nil {
+			return
+		}
+		row := make([]string, len(vals))
+		for j, v := range vals {
+			row[j], _ = v.(string)
+		}
+		out[id] = row
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// rows reads the rows of ids (their own fields, not their intents), in
+// pipelined batches. Missing rows are absent from the map.
+func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]state.Run, error) {
+	out := make(map[string]state.Run, len(ids))
+	err := s.readRows(ctx, op, ids, rowFields, func(id string, vals []any) {
+		if m := rowOf(vals); m != nil {
+			out[id] = runOf(id, m)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readRows reads fields of the rows of ids with HMGET, pipelined in
+// batches, and hands each row's answer to got, in the order of ids.
+func (s *Store) readRows(ctx context.Context, op string, ids, fields []string, got func(id string, vals []any)) error {
+	const batch = 512
 	for start := 0; start < len(ids); start += batch {
 		part := ids[start:min(start+batch, len(ids))]
 		cmds := make([]*redis.SliceCmd, len(part))
@@ -122,47 +156,13 @@ func (s *Store) statuses(ctx context.Context, op string, ids []string, fields ..
 			return nil
 		})
 		if err != nil {
-			return nil, s.fail(op, "", err)
+			return s.fail(op, "", err)
 		}
 		for i, id := range part {
-			vals := cmds[i].Val()
-			if len(vals) == 0 || vals[0] == nil {
-				continue
-			}
-			row := make([]string, len(vals))
-			for j, v := range vals {
-				row[j], _ = v.(string)
-			}
-			out[id] = row
+			got(id, cmds[i].Val())
 		}
 	}
-	return out, nil
-}
-
-// rows reads the rows of ids (their own fields, not their intents), in
-// pipelined batches. Missing rows are absent from the map.
-func (s *Store) rows(ctx context.Context, op string, ids []string) (map[string]state.Run, error) {
-	const batch = 512
-	out := make(map[string]state.Run, len(ids))
-	for start := 0; start < len(ids); start += batch {
-		part := ids[start:min(start+batch, len(ids))]
-		cmds := make([]*redis.SliceCmd, len(part))
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range part {
-				cmds[i] = p.HMGet(ctx, keysOf(id).row, rowFields...)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, s.fail(op, "", err)
-		}
-		for i, id := range part {
-			if m := rowOf(cmds[i].Val()); m != nil {
-				out[id] = runOf(id, m)
-			}
-		}
-	}
-	return out, nil
+	return nil
 }
 
 // unindex drops old entries of ids that the caller found useless from

@@ -301,14 +301,7 @@ func (s *Store) Renew(ctx context.Context, req state.RenewRequest) (state.RenewR
 		return state.RenewResult{}, err
 	}
 	out := state.RenewResult{Runs: map[string]state.Run{}}
-	keys := map[string][]string{}
-	var runs []string
-	for _, ref := range req.Refs {
-		if _, ok := keys[ref.RunID]; !ok {
-			runs = append(runs, ref.RunID)
-		}
-		keys[ref.RunID] = append(keys[ref.RunID], ref.Key)
-	}
+	runs, keys := req.ByRun()
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	steps := make([]*step, len(runs))

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -245,26 +246,13 @@ func (v *runView) listed(keys []string, taken bool, want state.IntentState, miss
 		}
 	}
 	slices.SortFunc(out, func(a, b *record) int {
-		if c := cmpInt(a.ord, b.ord); c != 0 {
-			return c
-		}
-		return strings.Compare(a.in.Key, b.in.Key)
+		return cmp.Or(cmp.Compare(a.ord, b.ord), strings.Compare(a.in.Key, b.in.Key))
 	})
 	list := make([]state.Intent, len(out))
 	for i, r := range out {
 		list[i] = r.in
 	}
 	return list, nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (v *runView) InFlight() ([]state.Intent, error) {

@@ -1,11 +1,13 @@
 package statetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -338,22 +340,9 @@ func resultOf(v any, err error) any {
 // order a store walked its runs in.
 func renewal(r state.RenewResult) state.RenewResult {
 	slices.SortStableFunc(r.Renewed, func(a, b state.Intent) int {
-		if a.RunID != b.RunID {
-			return compareStrings(a.RunID, b.RunID)
-		}
-		return compareStrings(a.Key, b.Key)
+		return cmp.Or(strings.Compare(a.RunID, b.RunID), strings.Compare(a.Key, b.Key))
 	})
 	return r
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // same runs op on the model and on every store and fails at the first

@@ -292,64 +292,50 @@ func (m *Model) Totals(context.Context) (state.Totals, error) {
 	return t, nil
 }
 
+// oneStep runs rule on run as one step of the model and answers what the
+// rule answers.
+func oneStep[R, T any](m *Model, run string, rule func(machine.View, R, time.Time) (T, *machine.Mutation, error), req R) (T, error) {
+	var out T
+	err := m.step(run, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
+		out, mut, err = rule(v, req, now)
+		return mut, err
+	})
+	return out, err
+}
+
 func (m *Model) Admit(_ context.Context, req state.AdmitRequest) (state.AdmitResult, error) {
 	if err := req.Validate(); err != nil {
 		return state.AdmitResult{}, err
 	}
-	var out state.AdmitResult
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Admit(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Admit, req)
 }
 
 func (m *Model) Cancel(_ context.Context, req state.CancelRequest) (state.CancelResult, error) {
 	if err := req.Validate(); err != nil {
 		return state.CancelResult{}, err
 	}
-	var out state.CancelResult
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Cancel(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Cancel, req)
 }
 
 func (m *Model) Complete(_ context.Context, req state.CompleteRequest) (state.Run, error) {
 	if err := req.Validate(); err != nil {
 		return state.Run{}, err
 	}
-	var out state.Run
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Complete(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Complete, req)
 }
 
 func (m *Model) Guard(_ context.Context, req state.GuardRequest) (state.GuardResult, error) {
 	if err := req.Validate(); err != nil {
 		return state.GuardResult{}, err
 	}
-	var out state.GuardResult
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Guard(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Guard, req)
 }
 
 func (m *Model) Finish(_ context.Context, req state.FinishRequest) (state.Intent, error) {
 	if err := req.Validate(); err != nil {
 		return state.Intent{}, err
 	}
-	var out state.Intent
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Finish(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Finish, req)
 }
 
 // FinishLater is Finish, answered at once: the model has no writes to
@@ -363,12 +349,7 @@ func (m *Model) Resolve(_ context.Context, req state.ResolveRequest) (state.Inte
 	if err := req.Validate(); err != nil {
 		return state.Intent{}, err
 	}
-	var out state.Intent
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Resolve(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Resolve, req)
 }
 
 func (m *Model) Note(_ context.Context, req state.NoteRequest) error {
@@ -385,14 +366,7 @@ func (m *Model) Renew(_ context.Context, req state.RenewRequest) (state.RenewRes
 		return state.RenewResult{}, err
 	}
 	out := state.RenewResult{Runs: map[string]state.Run{}}
-	byRun := map[string][]string{}
-	var runs []string
-	for _, ref := range req.Refs {
-		if _, ok := byRun[ref.RunID]; !ok {
-			runs = append(runs, ref.RunID)
-		}
-		byRun[ref.RunID] = append(byRun[ref.RunID], ref.Key)
-	}
+	runs, byRun := req.ByRun()
 	for _, id := range runs {
 		err := m.step(id, func(v machine.View, now time.Time) (*machine.Mutation, error) {
 			r, mut, err := machine.Renew(v, id, req.Owner, req.TTL, byRun[id], now)
@@ -413,12 +387,7 @@ func (m *Model) Tick(_ context.Context, req state.TickRequest) (state.Run, error
 	if err := req.Validate(); err != nil {
 		return state.Run{}, err
 	}
-	var out state.Run
-	err := m.step(req.RunID, func(v machine.View, now time.Time) (mut *machine.Mutation, err error) {
-		out, mut, err = machine.Tick(v, req, now)
-		return mut, err
-	})
-	return out, err
+	return oneStep(m, req.RunID, machine.Tick, req)
 }
 
 func (m *Model) run(id string) (*modelRun, error) {

@@ -205,6 +205,19 @@ function apiError(status, value, raw) {
   return new Cls(`control API answered ${status}${snippet ? ': ' + snippet : ''}`, { status });
 }
 
+/**
+ * An answer's body as JSON, or undefined when it is empty or not JSON.
+ * @param {string} raw
+ * @returns {any}
+ */
+function parseJSON(raw) {
+  try {
+    return raw ? JSON.parse(raw) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** @param {string} s */
 const seg = (s) => encodeURIComponent(s);
 /** @param {string} runId @param {string} [tail] */
@@ -230,6 +243,19 @@ function compact(o) {
  * @property {string} [actor] X-Stopgate-Actor: the name an operator gives itself in the audit log
  * @property {number} [timeout] bounds one call, in ms (default 30 000)
  * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
+ */
+
+/**
+ * How Client#intent and Client#effect guard an effect.
+ * @typedef {object} IntentOptions
+ * @property {'custom'|'delivery'|'browser'} [boundary]
+ * @property {string} [method]
+ * @property {string} [target]
+ * @property {string} [bodyDigest]
+ * @property {number} [cancelVersion]
+ * @property {number} [leaseTtl] in seconds
+ * @property {string} [carrier]
+ * @property {boolean} [allowCancelling] only with boundary delivery
  */
 
 /**
@@ -307,12 +333,7 @@ export class Client {
   async call(method, p, o = {}) {
     const resp = await this.open(method, p, o);
     const raw = await readAll(resp, this.base.origin);
-    let value;
-    try {
-      value = raw ? JSON.parse(raw) : undefined;
-    } catch {
-      value = undefined;
-    }
+    const value = parseJSON(raw);
     const status = resp.statusCode ?? 0;
     if (status >= 200 && status < 300) {
       if (raw && value === undefined) throw new StopgateError(`${method} ${p}: answer ${status} is not JSON`, { status });
@@ -439,18 +460,6 @@ export class Client {
     });
     return { intent: v.intent, run: v.run };
   }
-
-  /**
-   * @typedef {object} IntentOptions
-   * @property {'custom'|'delivery'|'browser'} [boundary]
-   * @property {string} [method]
-   * @property {string} [target]
-   * @property {string} [bodyDigest]
-   * @property {number} [cancelVersion]
-   * @property {number} [leaseTtl] in seconds
-   * @property {string} [carrier]
-   * @property {boolean} [allowCancelling] only with boundary delivery
-   */
 
   /**
    * The guard for an effect that does not travel through the egress proxy
@@ -600,15 +609,7 @@ export class Client {
   async caPem() {
     const resp = await this.open('GET', '/v1/ca', { accept: 'application/x-pem-file' });
     const raw = await readAll(resp, this.base.origin);
-    if (resp.statusCode !== 200) {
-      let v;
-      try {
-        v = JSON.parse(raw);
-      } catch {
-        v = undefined;
-      }
-      throw apiError(resp.statusCode ?? 0, v, raw);
-    }
+    if (resp.statusCode !== 200) throw apiError(resp.statusCode ?? 0, parseJSON(raw), raw);
     return raw;
   }
 
@@ -751,13 +752,7 @@ export class Watch {
       if (this.closed) return; // closed while the stream was being opened
       if (resp.statusCode !== 200) {
         const raw = await readAll(resp, c.base.origin);
-        let v;
-        try {
-          v = JSON.parse(raw);
-        } catch {
-          v = undefined;
-        }
-        throw apiError(resp.statusCode ?? 0, v, raw);
+        throw apiError(resp.statusCode ?? 0, parseJSON(raw), raw);
       }
       this.connected = true;
       resp.setEncoding('utf8');

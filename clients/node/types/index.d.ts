@@ -128,6 +128,18 @@ export class StopgateUnavailable extends StopgateError {
  * @property {string} [proxyAddr] the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
  */
 /**
+ * How Client#intent and Client#effect guard an effect.
+ * @typedef {object} IntentOptions
+ * @property {'custom'|'delivery'|'browser'} [boundary]
+ * @property {string} [method]
+ * @property {string} [target]
+ * @property {string} [bodyDigest]
+ * @property {number} [cancelVersion]
+ * @property {number} [leaseTtl] in seconds
+ * @property {string} [carrier]
+ * @property {boolean} [allowCancelling] only with boundary delivery
+ */
+/**
  * Calls one stopgate control API. It never goes through the proxy settings of
  * its environment: the control API is not an upstream.
  */
@@ -260,17 +272,6 @@ export class Client {
         leaseTtl?: number;
     }): Promise<Guarded>;
     /**
-     * @typedef {object} IntentOptions
-     * @property {'custom'|'delivery'|'browser'} [boundary]
-     * @property {string} [method]
-     * @property {string} [target]
-     * @property {string} [bodyDigest]
-     * @property {number} [cancelVersion]
-     * @property {number} [leaseTtl] in seconds
-     * @property {string} [carrier]
-     * @property {boolean} [allowCancelling] only with boundary delivery
-     */
-    /**
      * The guard for an effect that does not travel through the egress proxy
      * (an e-mail, a publish). key is the effect's idempotency key. Report what
      * happened with {@link Client#outcome}. Throws {@link RunCancelled} when the
@@ -280,22 +281,7 @@ export class Client {
      * @param {IntentOptions} [o]
      * @returns {Promise<Guarded>}
      */
-    intent(runId: string, key: string, o?: {
-        boundary?: "custom" | "delivery" | "browser" | undefined;
-        method?: string | undefined;
-        target?: string | undefined;
-        bodyDigest?: string | undefined;
-        cancelVersion?: number | undefined;
-        /**
-         * in seconds
-         */
-        leaseTtl?: number | undefined;
-        carrier?: string | undefined;
-        /**
-         * only with boundary delivery
-         */
-        allowCancelling?: boolean | undefined;
-    }): Promise<Guarded>;
+    intent(runId: string, key: string, o?: IntentOptions): Promise<Guarded>;
     /**
      * Records what happened to an IN_FLIGHT effect.
      * @param {string} runId
@@ -337,22 +323,7 @@ export class Client {
      * @param {IntentOptions} [o]
      * @returns {Promise<T>}
      */
-    effect<T>(runId: string, key: string, fn: (g: Guarded) => Promise<T> | T, o?: {
-        boundary?: "custom" | "delivery" | "browser" | undefined;
-        method?: string | undefined;
-        target?: string | undefined;
-        bodyDigest?: string | undefined;
-        cancelVersion?: number | undefined;
-        /**
-         * in seconds
-         */
-        leaseTtl?: number | undefined;
-        carrier?: string | undefined;
-        /**
-         * only with boundary delivery
-         */
-        allowCancelling?: boolean | undefined;
-    }): Promise<T>;
+    effect<T>(runId: string, key: string, fn: (g: Guarded) => Promise<T> | T, o?: IntentOptions): Promise<T>;
     /**
      * Follows the run's row: iterate it (for await), or start it to run in the
      * background. With onCancel it starts at once and calls it the first time
@@ -636,5 +607,24 @@ export type ClientOptions = {
      * the egress proxy's host:port for proxySettings (default $STOPGATE_PROXY, else asked of the server, which needs an operator or read-only token)
      */
     proxyAddr?: string | undefined;
+};
+/**
+ * How Client#intent and Client#effect guard an effect.
+ */
+export type IntentOptions = {
+    boundary?: "custom" | "delivery" | "browser" | undefined;
+    method?: string | undefined;
+    target?: string | undefined;
+    bodyDigest?: string | undefined;
+    cancelVersion?: number | undefined;
+    /**
+     * in seconds
+     */
+    leaseTtl?: number | undefined;
+    carrier?: string | undefined;
+    /**
+     * only with boundary delivery
+     */
+    allowCancelling?: boolean | undefined;
 };
 import http from 'node:http';

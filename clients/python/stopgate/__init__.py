@@ -4,42 +4,6 @@ See docs/workers.md in the stopgate repository for how a worker hears a cancel
 and the Celery recipe (:mod:`stopgate.celery`).
 """
 
-from .client import (
-    ACTIVE,
-    CANCELLED,
-    CANCELLING,
-    COMPLETED,
-    UNKNOWN,
-    Audit,
-    Client,
-    Event,
-    Guarded,
-    Intent,
-    ProxySettings,
-    Renewed,
-    Run,
-    RunCancelled,
-    StopgateError,
-    StopgateUnavailable,
-    Watch,
-)
-
-__all__ = [
-    "ACTIVE",
-    "CANCELLED",
-    "CANCELLING",
-    "COMPLETED",
-    "UNKNOWN",
-    "Audit",
-    "Client",
-    "Event",
-    "Guarded",
-    "Intent",
-    "ProxySettings",
-    "Renewed",
-    "Run",
-    "RunCancelled",
-    "StopgateError",
-    "StopgateUnavailable",
-    "Watch",
-]
+# The package's names are the ones client.py lists in its __all__, kept there only.
+from .client import *  # noqa: F403
+from .client import __all__ as __all__
