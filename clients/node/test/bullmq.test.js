@@ -112,7 +112,10 @@ test('a cancel stops the queue at the claim', { timeout: 180_000 }, async () => 
   const revoked = retries.filter((i) => i.state === 'REVOKED');
   const retriesRefused = retries.filter((i) => i.state === 'CANCELLED_BEFORE_DISPATCH');
   const dispatchedAfter = audit.events.filter((e, n) => n > cancelAt && e.kind === 'intent.admitted' && e.intent?.startsWith('retry:'));
-  const effectsAfterAudit = guardedEffects.filter((i) => (admitted.get(i.key) ?? Infinity) > cancelAt);
+  // An effect a job asked for after the cancel is refused: recorded, never admitted.
+  const effectsAfterAudit = guardedEffects.filter((i) => (admitted.get(i.key) ?? -1) > cancelAt);
+  const effectsRefused = guardedEffects.filter((i) => i.state === 'CANCELLED_BEFORE_DISPATCH');
+  const neither = guardedEffects.filter((i) => !admitted.has(i.key) && i.state !== 'CANCELLED_BEFORE_DISPATCH');
   /** @type {Map<string, number>} */
   const outcomeAt = new Map();
   audit.events.forEach((e, n) => { if (e.kind === 'intent.outcome' && e.intent) outcomeAt.set(e.intent, n); });
@@ -132,7 +135,7 @@ test('a cancel stops the queue at the claim', { timeout: 180_000 }, async () => 
     ['retries refused (scheduled after the cancel)', `${why[RETRY_REFUSED] ?? 0} failed (${RETRY_REFUSED})`, `${retriesRefused.length} retry intents CANCELLED_BEFORE_DISPATCH`],
     ['retries run after the cancel', `${retryStarts.length} retried bodies started`, `${dispatchedAfter.length} retries admitted after run.cancel`],
     ['effects in flight at the cancel', `${inFlightProvider.length} provider records after the cancel was sent`, `${inFlightAudit.length} admitted before run.cancel, finished after`],
-    ['effects after the cancel', `${notAdmittedBefore.length} provider records not admitted before it`, `${effectsAfterAudit.length} effect intents admitted after run.cancel`],
+    ['effects after the cancel', `${notAdmittedBefore.length} provider records not admitted before it`, `${effectsAfterAudit.length} effect intents admitted after run.cancel, ${effectsRefused.length} refused`],
     ['effects in all', `${effects.length} provider records (${unguarded.length} without a RESPONDED intent)`, `${guardedEffects.length} effect intents`],
   ];
   console.log(`\nBullMQ, ${QUEUED} jobs of run ${rid}, two workers, cancel after ${CANCEL_AFTER} started (BullMQ states: ${JSON.stringify(states)})`);
@@ -156,6 +159,7 @@ test('a cancel stops the queue at the claim', { timeout: 180_000 }, async () => 
   assert.deepEqual(retryStarts, []);
   assert.deepEqual(dispatchedAfter, []);
   assert.deepEqual(effectsAfterAudit, []);
+  assert.deepEqual(neither, [], 'an effect intent is admitted or refused, and the audit says which');
   assert.deepEqual(notAdmittedBefore, []);
   assert.deepEqual(unguarded, []);
   assert.equal((states.completed ?? 0) + (states.failed ?? 0), QUEUED);

@@ -108,7 +108,10 @@ class CeleryTest(unittest.TestCase):
         revoked = [k for k, i in retries.items() if i.state == "REVOKED"]
         retries_refused = [k for k, i in retries.items() if i.state == "CANCELLED_BEFORE_DISPATCH"]
         dispatched_after = [e.intent for n, e in enumerate(audit.events) if n > cancel_at and e.kind == "intent.admitted" and e.intent.startswith("retry:")]
-        effects_after_audit = [k for k in guarded_effects if admitted.get(k, len(audit.events)) > cancel_at]
+        # An effect a task asked for after the cancel is refused: recorded, never admitted.
+        effects_after_audit = [k for k in guarded_effects if k in admitted and admitted[k] > cancel_at]
+        effects_refused = [k for k, i in guarded_effects.items() if i.state == "CANCELLED_BEFORE_DISPATCH"]
+        neither = [k for k in guarded_effects if k not in admitted and k not in effects_refused]
         outcome_at = {e.intent: n for n, e in enumerate(audit.events) if e.kind == "intent.outcome"}
         in_flight_audit = [k for k in guarded_effects if admitted.get(k, len(audit.events)) < cancel_at < outcome_at.get(k, len(audit.events))]
         in_flight_provider = [e for e in effects if e["at"] > sent]
@@ -126,7 +129,7 @@ class CeleryTest(unittest.TestCase):
             ("retries refused (scheduled after the cancel)", f"{why[sgc.RETRY_REFUSED]} REVOKED ({sgc.RETRY_REFUSED})", f"{len(retries_refused)} retry intents CANCELLED_BEFORE_DISPATCH"),
             ("retries run after the cancel", f"{len(retry_starts)} retried bodies started", f"{len(dispatched_after)} retries admitted after run.cancel"),
             ("effects in flight at the cancel", f"{len(in_flight_provider)} provider records after the cancel was sent", f"{len(in_flight_audit)} admitted before run.cancel, finished after"),
-            ("effects after the cancel", f"{len(not_admitted_before)} provider records not admitted before it", f"{len(effects_after_audit)} effect intents admitted after run.cancel"),
+            ("effects after the cancel", f"{len(not_admitted_before)} provider records not admitted before it", f"{len(effects_after_audit)} effect intents admitted after run.cancel, {len(effects_refused)} refused"),
             ("effects in all", f"{len(effects)} provider records ({len(unguarded)} without a RESPONDED intent)", f"{len(guarded_effects)} effect intents"),
         ]
         print(f"\nCelery, {QUEUED} tasks of run {rid}, two workers, cancel after {CANCEL_AFTER} started "
@@ -152,6 +155,7 @@ class CeleryTest(unittest.TestCase):
         self.assertEqual(retry_starts, [])
         self.assertEqual(dispatched_after, [])
         self.assertEqual(effects_after_audit, [])
+        self.assertEqual(neither, [], "an effect intent is admitted or refused, and the audit says which")
         self.assertEqual(not_admitted_before, [])
         self.assertEqual(unguarded, [])
         self.assertEqual(states["SUCCESS"] + states["REVOKED"], QUEUED, f"every task SUCCESS or REVOKED: {dict(states)}")
