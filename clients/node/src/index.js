@@ -55,6 +55,26 @@ const STAGE = { ACTIVE: 0, CANCELLING: 1, UNKNOWN: 2, CANCELLED: 3, COMPLETED: 3
  * @property {string} [cancelled_at]
  * @property {string} [drain_deadline]
  * @property {Record<string, number>} intents the run's intents counted by state
+ * @property {Budget} [budget] the budget fixed at admission, as the API writes it
+ * @property {Record<string, any>} [usage] what the run has used of it (effects, bytes, tokens, spend); only a read of the run fills it
+ */
+
+/**
+ * What a run may do before it is cancelled, given at admission (on top of the policy's budget).
+ * Counts are whole numbers of 1 or more, durations Go durations ('2h', '30s'), the spend in USD.
+ * Past a limit the effect that would cross it is refused and the run cancelled in the same step.
+ * @typedef {object} Budget
+ * @property {number} [max_effects]
+ * @property {number} [max_effects_per_destination]
+ * @property {number} [max_request_bytes]
+ * @property {number} [max_response_bytes]
+ * @property {string} [max_wall_time]
+ * @property {number} [max_input_tokens]
+ * @property {number} [max_output_tokens]
+ * @property {number} [max_tokens]
+ * @property {number|string} [max_spend_usd]
+ * @property {boolean} [cancel_on_unknown_usage]
+ * @property {string} [drain_timeout]
  */
 
 /**
@@ -157,7 +177,10 @@ export class StopgateError extends Error {
   }
 }
 
-/** The run is no longer ACTIVE: start nothing new, stop at this checkpoint. */
+/**
+ * The run is no longer ACTIVE: start nothing new, stop at this checkpoint. `code` says what stopped
+ * it (run_not_active, budget_exceeded with the `limit` in `body`, tripwire, …).
+ */
 export class RunCancelled extends StopgateError {
   /**
    * @param {Run} run the row that said so
@@ -193,7 +216,9 @@ function apiError(status, value, raw) {
   if (value && typeof value === 'object' && value.error) {
     const code = String(value.error);
     const msg = String(value.message ?? '');
-    if (code === 'run_not_active') {
+    // The run is over for the worker when the refusal's row says it is no longer ACTIVE, whatever
+    // stopped it (a cancel, its budget, a tripwire): the row decides, not a list of codes.
+    if (code === 'run_not_active' || (value.run && typeof value.run === 'object' && (value.run.status ?? 'ACTIVE') !== 'ACTIVE')) {
       const row = value.run ?? { run_id: value.run_id, status: value.status, cancel_version: value.cancel_version, intents: {} };
       return new RunCancelled(row, msg, { status, code, body: value });
     }
@@ -346,12 +371,18 @@ export class Client {
 
   /**
    * Creates the run ACTIVE at version 1 (or returns it if it already is ACTIVE). Operator.
+   * `budget` goes on top of the policy's; `labels` choose the policy's budget rule (not stored).
+   * A run that exists keeps what it was admitted with, its budget included.
    * @param {string} runId
-   * @param {{reason?: string}} [o]
+   * @param {{reason?: string, budget?: Budget, labels?: Record<string, string>}} [o]
    * @returns {Promise<Run>}
    */
   admit(runId, o = {}) {
-    return this.call('POST', '/v1/runs', { body: { run_id: runId, reason: o.reason } });
+    /** @type {Record<string, any>} */
+    const body = { run_id: runId, reason: o.reason };
+    if (o.budget && Object.keys(o.budget).length > 0) body.budget = o.budget;
+    if (o.labels && Object.keys(o.labels).length > 0) body.labels = o.labels;
+    return this.call('POST', '/v1/runs', { body });
   }
 
   /**

@@ -112,6 +112,22 @@ describe('the guard, as a worker with its run token', () => {
     await assert.rejects(w.effect(id, 'mail-4', () => assert.fail('an effect of a cancelled run ran')), RunCancelled);
   });
 
+  test('a budget given at admission stops the run, and its refusal is a RunCancelled', async () => {
+    const id = (await op.admit(runId(), { budget: { max_effects: 2, max_wall_time: '1h' }, labels: { team: 'research' } })).run_id;
+    const row = await op.status(id);
+    assert.deepEqual([row.budget?.max_effects, row.budget?.max_wall_time], [2, '1h0m0s']);
+    const w = await workerOf(id);
+    for (const step of ['s1', 's2']) {
+      await w.claim(id, step);
+      await w.outcome(id, `claim:${step}`, 'responded');
+    }
+    await assert.rejects(w.claim(id, 's3'), (e) =>
+      e instanceof RunCancelled && e.status === 409 && e.code === 'budget_exceeded' && e.body?.limit === 'max_effects' &&
+      e.recorded === 'CANCELLED_BEFORE_DISPATCH' && e.run.status === 'CANCELLING' && e.run.cancel_version === 2 && e.run.reason === 'budget:max_effects');
+    // A step's answer carries the row without its usage; reading the run gives it.
+    assert.equal((await op.status(id)).usage?.effects, 2);
+  });
+
   test('a worker token acts for its run only', async () => {
     const id = (await op.admit(runId())).run_id;
     const other = (await op.admit(runId())).run_id;

@@ -11,6 +11,25 @@
  * @property {string} [cancelled_at]
  * @property {string} [drain_deadline]
  * @property {Record<string, number>} intents the run's intents counted by state
+ * @property {Budget} [budget] the budget fixed at admission, as the API writes it
+ * @property {Record<string, any>} [usage] what the run has used of it (effects, bytes, tokens, spend); only a read of the run fills it
+ */
+/**
+ * What a run may do before it is cancelled, given at admission (on top of the policy's budget).
+ * Counts are whole numbers of 1 or more, durations Go durations ('2h', '30s'), the spend in USD.
+ * Past a limit the effect that would cross it is refused and the run cancelled in the same step.
+ * @typedef {object} Budget
+ * @property {number} [max_effects]
+ * @property {number} [max_effects_per_destination]
+ * @property {number} [max_request_bytes]
+ * @property {number} [max_response_bytes]
+ * @property {string} [max_wall_time]
+ * @property {number} [max_input_tokens]
+ * @property {number} [max_output_tokens]
+ * @property {number} [max_tokens]
+ * @property {number|string} [max_spend_usd]
+ * @property {boolean} [cancel_on_unknown_usage]
+ * @property {string} [drain_timeout]
  */
 /**
  * The record of one effect.
@@ -102,7 +121,10 @@ export class StopgateError extends Error {
     /** The key the refused effect is recorded under, if any. */
     get intent(): string;
 }
-/** The run is no longer ACTIVE: start nothing new, stop at this checkpoint. */
+/**
+ * The run is no longer ACTIVE: start nothing new, stop at this checkpoint. `code` says what stopped
+ * it (run_not_active, budget_exceeded with the `limit` in `body`, tripwire, …).
+ */
 export class RunCancelled extends StopgateError {
     /**
      * @param {Run} run the row that said so
@@ -181,12 +203,16 @@ export class Client {
     private call;
     /**
      * Creates the run ACTIVE at version 1 (or returns it if it already is ACTIVE). Operator.
+     * `budget` goes on top of the policy's; `labels` choose the policy's budget rule (not stored).
+     * A run that exists keeps what it was admitted with, its budget included.
      * @param {string} runId
-     * @param {{reason?: string}} [o]
+     * @param {{reason?: string, budget?: Budget, labels?: Record<string, string>}} [o]
      * @returns {Promise<Run>}
      */
     admit(runId: string, o?: {
         reason?: string;
+        budget?: Budget;
+        labels?: Record<string, string>;
     }): Promise<Run>;
     /**
      * Reads the run's row.
@@ -530,6 +556,32 @@ export type Run = {
      * the run's intents counted by state
      */
     intents: Record<string, number>;
+    /**
+     * the budget fixed at admission, as the API writes it
+     */
+    budget?: Budget | undefined;
+    /**
+     * what the run has used of it (effects, bytes, tokens, spend); only a read of the run fills it
+     */
+    usage?: Record<string, any> | undefined;
+};
+/**
+ * What a run may do before it is cancelled, given at admission (on top of the policy's budget).
+ * Counts are whole numbers of 1 or more, durations Go durations ('2h', '30s'), the spend in USD.
+ * Past a limit the effect that would cross it is refused and the run cancelled in the same step.
+ */
+export type Budget = {
+    max_effects?: number | undefined;
+    max_effects_per_destination?: number | undefined;
+    max_request_bytes?: number | undefined;
+    max_response_bytes?: number | undefined;
+    max_wall_time?: string | undefined;
+    max_input_tokens?: number | undefined;
+    max_output_tokens?: number | undefined;
+    max_tokens?: number | undefined;
+    max_spend_usd?: string | number | undefined;
+    cancel_on_unknown_usage?: boolean | undefined;
+    drain_timeout?: string | undefined;
 };
 /**
  * The record of one effect.

@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, TypedDict, Union
 
 __all__ = [
     "ACTIVE",
@@ -36,6 +36,7 @@ __all__ = [
     "COMPLETED",
     "UNKNOWN",
     "Audit",
+    "Budget",
     "Client",
     "Event",
     "Guarded",
@@ -65,6 +66,27 @@ WATCH_IDLE = 45.0
 _STAGE = {ACTIVE: 0, CANCELLING: 1, UNKNOWN: 2, CANCELLED: 3, COMPLETED: 3}
 
 
+class Budget(TypedDict, total=False):
+    """What a run may do before it is cancelled, given at admission (on top of the policy's budget).
+
+    Counts are whole numbers of 1 or more; durations are Go durations ("2h", "30s"); the
+    spend is in USD. Past a limit the effect that would cross it is refused and the run
+    cancelled in the same step (``budget:<limit>``).
+    """
+
+    max_effects: int
+    max_effects_per_destination: int
+    max_request_bytes: int
+    max_response_bytes: int
+    max_wall_time: str
+    max_input_tokens: int
+    max_output_tokens: int
+    max_tokens: int
+    max_spend_usd: Union[float, str]
+    cancel_on_unknown_usage: bool
+    drain_timeout: str
+
+
 def _time(v: Any) -> Optional[datetime]:
     if not v:
         return None
@@ -86,6 +108,10 @@ class Run:
     drain_deadline: Optional[datetime] = None
     #: The run's intents counted by state.
     intents: Mapping[str, int] = field(default_factory=dict)
+    #: The budget fixed at admission (empty: none), as the API writes it.
+    budget: Mapping[str, Any] = field(default_factory=dict)
+    #: What the run has used of it (effects, bytes, tokens, spend); only a read of the run fills it.
+    usage: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Run":
@@ -100,6 +126,8 @@ class Run:
             cancelled_at=_time(d.get("cancelled_at")),
             drain_deadline=_time(d.get("drain_deadline")),
             intents=dict(d.get("intents") or {}),
+            budget=dict(d.get("budget") or {}),
+            usage=dict(d.get("usage") or {}),
         )
 
     @property
@@ -251,7 +279,8 @@ class StopgateError(Exception):
 class RunCancelled(StopgateError):
     """The run is no longer ACTIVE: start nothing new, stop at this checkpoint.
 
-    ``run`` is the row that said so.
+    ``run`` is the row that said so; ``code`` says what stopped it (``run_not_active``,
+    ``budget_exceeded`` with the ``limit`` in ``body``, ``tripwire``, ...).
     """
 
     def __init__(self, run: Run, message: str = "", *, status: Optional[int] = None, code: str = "run_not_active", body: Optional[Mapping[str, Any]] = None):
@@ -358,9 +387,19 @@ class Client:
 
     # -- runs --------------------------------------------------------------
 
-    def admit(self, run_id: str, *, reason: Optional[str] = None) -> Run:
-        """Creates the run ACTIVE at version 1 (or returns it if it already is ACTIVE). Operator."""
-        _, v, _ = self._call("POST", "/v1/runs", {"run_id": run_id, "reason": reason})
+    def admit(self, run_id: str, *, reason: Optional[str] = None, budget: Optional[Budget] = None,
+              labels: Optional[Mapping[str, str]] = None) -> Run:
+        """Creates the run ACTIVE at version 1 (or returns it if it already is ACTIVE). Operator.
+
+        ``budget`` goes on top of the policy's; ``labels`` choose the policy's budget rule (not
+        stored). A run that exists keeps what it was admitted with, its budget included.
+        """
+        body: dict[str, Any] = {"run_id": run_id, "reason": reason}
+        if budget:
+            body["budget"] = dict(budget)
+        if labels:
+            body["labels"] = dict(labels)
+        _, v, _ = self._call("POST", "/v1/runs", body)
         return Run.from_json(v)
 
     def status(self, run_id: str) -> Run:
@@ -594,8 +633,11 @@ def _json_or_none(raw: bytes) -> Any:
 def _error(status: int, value: Any, raw: bytes) -> StopgateError:
     if isinstance(value, dict) and value.get("error"):
         code, msg = str(value["error"]), str(value.get("message", ""))
-        if code == "run_not_active":
-            row = value.get("run") or {"run_id": value.get("run_id", ""), "status": value.get("status", ""), "cancel_version": value.get("cancel_version", 0)}
+        # The run is over for the worker when the refusal's row says it is no longer ACTIVE,
+        # whatever stopped it (a cancel, its budget, a tripwire): the row decides, not a list of codes.
+        row = value.get("run")
+        if code == "run_not_active" or (isinstance(row, dict) and row.get("status", ACTIVE) != ACTIVE):
+            row = row or {"run_id": value.get("run_id", ""), "status": value.get("status", ""), "cancel_version": value.get("cancel_version", 0)}
             return RunCancelled(Run.from_json(row), msg, status=status, code=code, body=value)
         if status == 503:
             return StopgateUnavailable(msg, status=status, code=code, body=value)

@@ -130,6 +130,24 @@ class GuardTest(unittest.TestCase):
             with self.worker.effect(self.rid, "mail-4"):
                 self.fail("an effect of a cancelled run ran")
 
+    def test_a_budget_given_at_admission_stops_the_run(self) -> None:
+        rid = self.op.admit(run_id("budget"), budget={"max_effects": 2, "max_wall_time": "1h"}, labels={"team": "research"}).run_id
+        row = self.op.status(rid)
+        self.assertEqual((row.budget.get("max_effects"), row.budget.get("max_wall_time")), (2, "1h0m0s"))
+        worker = stopgate.Client(support.CONTROL, self.op.token_for(rid))
+        for step in ("s1", "s2"):
+            worker.claim(rid, step)
+            worker.outcome(rid, f"claim:{step}", "responded")
+        # The refusal that cancels the run is a RunCancelled like any other: the worker stops.
+        with self.assertRaises(RunCancelled) as cm:
+            worker.claim(rid, "s3")
+        e = cm.exception
+        self.assertEqual((e.status, e.code, e.body.get("limit"), e.recorded), (409, "budget_exceeded", "max_effects", "CANCELLED_BEFORE_DISPATCH"))
+        self.assertEqual((e.run.status, e.run.cancel_version, e.run.reason), (stopgate.CANCELLING, 2, "budget:max_effects"))
+        # A step's answer carries the row without its usage; reading the run gives it.
+        self.assertEqual(self.op.status(rid).usage.get("effects"), 2)
+        self.assertFalse(e.run.active)
+
     def test_worker_token_acts_for_its_run_only(self) -> None:
         other = self.op.admit(run_id()).run_id
         for call in (lambda: self.worker.claim(other, "s1"), lambda: self.worker.status(other),
