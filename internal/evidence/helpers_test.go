@@ -143,6 +143,18 @@ func openStream(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstrea
 	return s, nil
 }
 
+// mustStream opens run's stream (key RUN-stream) through sg, and logs it
+// as the 200 it answered; a stream that does not open ends the test.
+func mustStream(t *testing.T, ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstream, log *attempts, run string) *conn {
+	t.Helper()
+	s, err := openStream(ctx, sg, up, run, run+"-stream")
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	log.add(evidence.Attempt{Run: run, Key: run + "-stream", Started: time.Now(), Status: 200})
+	return s
+}
+
 // mountTmpfs mounts a tmpfs of the given size for the test (root only);
 // without one the case cannot run, and says why.
 func mountTmpfs(t *testing.T, size string) string {

@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/internal/evidence"
 	"github.com/stopgate/stopgate/internal/netns"
 	"github.com/stopgate/stopgate/internal/testkit"
@@ -192,7 +191,7 @@ func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
 		}
 		expect(&r, cutNoted, "the stream's cut is in the audit, with its reason")
 		expect(&r, tunnels >= 1 && refusedTunnels >= 1, "the pass-through connections in the audit: %d tunnel intent(s), %d refusal(s); want the one cut and the later one refused", tunnels, refusedTunnels)
-		judge(&r, log.all(), hitsOf(up, run), map[string]time.Time{run: ack}, map[string]string{run: reason}, map[string]control.Audit{run: final})
+		judgeRun(&r, &log, up, run, ack, reason, final)
 		*out = append(*out, r)
 		a.Kill9()
 	}
