@@ -39,15 +39,7 @@ func TestConsoleInChromium(t *testing.T) {
 	shots := artifactsDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 860), chromedp.UserDataDir(t.TempDir()))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	// Start the browser on this context, so that it outlives each step's.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
+	browser := headless(t, ctx, chromium, 1280, 860)
 	// shot saves a screenshot. A page that reloads itself (a draining run)
 	// may be caught between two loads, so it tries again, for at most 20s.
 	shot := func(name string) {
@@ -175,6 +167,21 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Fatalf("the reconciled effect: %+v %v", in, err)
 	}
 	t.Logf("screenshots in %s", shots)
+}
+
+// headless starts chromium at the given window size and is a chromedp
+// context on its first tab. The browser is started on this context, so
+// that it outlives each step's; it ends with the test.
+func headless(t *testing.T, ctx context.Context, chromium string, width, height int) context.Context {
+	t.Helper()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(width, height), chromedp.UserDataDir(t.TempDir()))...)
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return browser
 }
 
 func currentURL(t *testing.T, ctx context.Context) string {
@@ -306,11 +313,7 @@ func TestConsoleDrawsARunsBudgetInChromium(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(t.TempDir()))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
+	browser := headless(t, ctx, chromium, 1280, 900)
 	step, cancelStep := context.WithTimeout(browser, time.Minute)
 	defer cancelStep()
 	if err := chromedp.Do(step, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
