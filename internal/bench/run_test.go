@@ -29,6 +29,28 @@ func buildBinaries(t *testing.T, dir string) {
 	}
 }
 
+// toyRun runs the instrument on cfg at toy sizes (a warm-up of 50ms,
+// windows of 150ms) against the binaries buildBinaries put in dir, working
+// in dir/work, for 3 minutes at most; out and log get what it prints.
+func toyRun(dir string, cfg bench.Config, out, log *bytes.Buffer) error {
+	cfg.Stopgate, cfg.Baseline, cfg.WorkDir = filepath.Join(dir, "stopgate"), filepath.Join(dir, "plain-goproxy"), filepath.Join(dir, "work")
+	cfg.Warmup, cfg.Window = 50*time.Millisecond, 150*time.Millisecond
+	cfg.Commit, cfg.Out, cfg.Log = "test", out, log
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	return bench.Run(ctx, cfg)
+}
+
+// mustToyRun is toyRun's output and log, or the end of the test.
+func mustToyRun(t *testing.T, dir string, cfg bench.Config) (out, log string) {
+	t.Helper()
+	var o, l bytes.Buffer
+	if err := toyRun(dir, cfg, &o, &l); err != nil {
+		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, l.String(), o.String())
+	}
+	return o.String(), l.String()
+}
+
 // The whole instrument, at toy sizes, against the real binaries: every
 // phase runs, every row is printed, and no measured request failed or went
 // around the guard.
@@ -41,19 +63,12 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "smokescreen.why"), []byte(offline+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, Post: true, RunPerConn: true,
+		Repeats: 1, Conns: []int{1, 4}, Post: true, RunPerConn: true,
 		Cancels: 3, MemRuns: 20, MemIntents: 20, StoredSmall: 10, StoredLarge: 30, StoredLargeEmbedded: 30, FatIntents: 40,
-		Smokescreen: filepath.Join(dir, "smokescreen"), Commit: "test", Out: &out, Log: &log,
+		Smokescreen: filepath.Join(dir, "smokescreen"),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
+	text, log := mustToyRun(t, dir, cfg)
 	// Cells are padded to their column's width: compare with single spaces.
 	flat := strings.Join(strings.Fields(text), " ")
 	for _, want := range []string{
@@ -105,7 +120,7 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 		t.Errorf("%d measured rows, want %d:\n%s", rows, want, text)
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -126,19 +141,12 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 	}
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
 		Smokescreen: peers["smokescreen"], Squid: peers["squid"],
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, RunPerConn: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{1, 4}, RunPerConn: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
+	text, log := mustToyRun(t, dir, cfg)
 	if strings.Contains(text, "not measured: ") {
 		t.Errorf("a peer was not measured:\n%s", text)
 	}
@@ -182,7 +190,7 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -235,20 +243,13 @@ func tableRows(text, title string) [][]string {
 func TestBeforeBinaryIsMeasuredBesideTheAfterInOneRun(t *testing.T) {
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	work := filepath.Join(dir, "work")
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: work,
 		Before: filepath.Join(dir, "stopgate"), BeforeLabel: "rev1",
-		Repeats: 2, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, RunPerConn: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 2, Conns: []int{1, 4}, RunPerConn: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
+	text, log := mustToyRun(t, dir, cfg)
 	stores := []string{"embedded store", "Redis everysec", "Redis always"}
 
 	// Five scenarios (GET ×1, ×4, a run per connection ×4, HTTPS ×1, ×4)
@@ -321,7 +322,7 @@ func TestBeforeBinaryIsMeasuredBesideTheAfterInOneRun(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -346,16 +347,13 @@ func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
 	if err := os.WriteFile(older, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
 		Before: older, BeforeLabel: "old1",
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1},
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{1},
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	err := bench.Run(ctx, cfg)
+	var out, log bytes.Buffer
+	err := toyRun(dir, cfg, &out, &log)
 	if err == nil {
 		t.Fatalf("the run went on with a before binary that refused --allow-dest:\n%s", out.String())
 	}
@@ -375,18 +373,12 @@ func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
 func TestBudgetCasesSitBesideTheSameCasesWithout(t *testing.T) {
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{4}, RunPerConn: true, Budget: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{4}, RunPerConn: true, Budget: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	flat := strings.Join(strings.Fields(out.String()), " ")
+	text, log := mustToyRun(t, dir, cfg)
+	flat := strings.Join(strings.Fields(text), " ")
 	for _, want := range []string{
 		"| HTTP GET | stopgate, embedded store, budget 1M effects | 4 |",
 		"| HTTPS GET (MITM) | stopgate, Redis everysec, budget 1M effects | 4 |",
@@ -402,6 +394,6 @@ func TestBudgetCasesSitBesideTheSameCasesWithout(t *testing.T) {
 		t.Error("a budget case on Redis always: the budget cases are the embedded store's and everysec's")
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", out.String(), log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
