@@ -262,14 +262,7 @@ func (r *rawCDP) call(session, method string, params any) answer {
 	r.t.Helper()
 	r.next++
 	id := r.next
-	msg := map[string]any{"id": id, "method": method}
-	if params != nil {
-		msg["params"] = params
-	}
-	if session != "" {
-		msg["sessionId"] = session
-	}
-	b, _ := json.Marshal(msg)
+	b := testkit.CDPCommand(id, session, method, params)
 	r.send(websocket.MessageText, b)
 	for {
 		a := r.answer()
