@@ -57,6 +57,29 @@ func (c *conn) cutWithin(d time.Duration) time.Duration {
 	}
 }
 
+// cut is how long a connection of a cancelled run took to be cut after
+// the cancel, as cutWithin measures it (negative: never).
+type cut struct {
+	what  string
+	after time.Duration
+}
+
+// judgeCuts judges the connections a cancel must cut: each is expected
+// cut, one that never was is a leak (of the connections leak names), and
+// the round recovered once the last was cut.
+func judgeCuts(r *evidence.Round, leak string, cuts ...cut) {
+	leaked := false
+	r.Recover = cuts[0].after
+	for _, c := range cuts {
+		expect(r, c.after >= 0, "%s is cut", c.what)
+		leaked = leaked || c.after < 0
+		r.Recover = max(r.Recover, c.after)
+	}
+	if leaked {
+		r.Fail(&r.Leaked, "%s still carried bytes 10s after its cancel", leak)
+	}
+}
+
 // openTunnel opens a CONNECT tunnel through the proxy to dest (a
 // pass-through host) as run, at version 1, and keeps bytes flowing through
 // it until it is cut. An answer other than 200 is an error naming it.

@@ -137,12 +137,7 @@ func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
 
 		ack, _ := cancelRun(t, b, run, reason)
 		streamCut, passCut := stream.cutWithin(10*time.Second), pass.cutWithin(10*time.Second)
-		expect(&r, streamCut >= 0, "the redirected stream is cut")
-		expect(&r, passCut >= 0, "the redirected pass-through TLS connection is cut")
-		if streamCut < 0 || passCut < 0 {
-			r.Fail(&r.Leaked, "a redirected connection of run %s still carried bytes 10s after its cancel", run)
-		}
-		r.Recover = max(streamCut, passCut)
+		judgeCuts(&r, "a redirected connection of run "+run, cut{"the redirected stream", streamCut}, cut{"the redirected pass-through TLS connection", passCut})
 		// A cut is an error for the client, never a clean end.
 		expect(&r, streamCut < 0 || stream.exitCode() > 0, "curl ends the cut stream with an error, got exit %d", stream.exitCode())
 		expect(&r, passCut < 0 || pass.exitCode() > 0, "curl ends the cut TLS connection with an error, got exit %d", pass.exitCode())
