@@ -51,6 +51,20 @@ func mustToyRun(t *testing.T, dir string, cfg bench.Config) (out, log string) {
 	return o.String(), l.String()
 }
 
+// expectOutput fails the test for each of wants the output text lacks,
+// and is text with every run of white space one space: cells are padded
+// to their column's width, wants are written with single spaces.
+func expectOutput(t *testing.T, text string, wants ...string) (flat string) {
+	t.Helper()
+	flat = strings.Join(strings.Fields(text), " ")
+	for _, want := range wants {
+		if !strings.Contains(flat, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	return flat
+}
+
 // The whole instrument, at toy sizes, against the real binaries: every
 // phase runs, every row is printed, and no measured request failed or went
 // around the guard.
@@ -69,9 +83,7 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 		Smokescreen: filepath.Join(dir, "smokescreen"),
 	}
 	text, log := mustToyRun(t, dir, cfg)
-	// Cells are padded to their column's width: compare with single spaces.
-	flat := strings.Join(strings.Fields(text), " ")
-	for _, want := range []string{
+	flat := expectOutput(t, text,
 		"| HTTP GET | direct (no proxy) | 1 |",
 		"| HTTPS GET (MITM) | plain goproxy MITM | 4 |",
 		"| HTTP POST 64 B | stopgate, Redis always | 4 |",
@@ -89,14 +101,10 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 		"| HTTP GET, a run per connection | Squid | 4 | not measured | — |",
 		"| 4, a run each | Squid | not measured: no binary given (-squid) |",
 		"### Beside the peers: plain-HTTP GETs",
-		"| 4 | smokescreen | not measured: " + offline + " |",
+		"| 4 | smokescreen | not measured: "+offline+" |",
 		"| 4, a run each | stopgate, Redis everysec |",
-		"- smokescreen not measured: " + offline + ".",
-	} {
-		if !strings.Contains(flat, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+		"- smokescreen not measured: "+offline+".",
+	)
 	for _, notWanted := range []string{"| HTTPS GET (MITM) | smokescreen", "| HTTPS GET (MITM) | Squid"} {
 		if strings.Contains(flat, notWanted) {
 			t.Errorf("output has %q: the peers do not intercept HTTPS", notWanted)
@@ -378,18 +386,13 @@ func TestBudgetCasesSitBesideTheSameCasesWithout(t *testing.T) {
 		Skip: []string{"cancel", "memory", "stored"},
 	}
 	text, log := mustToyRun(t, dir, cfg)
-	flat := strings.Join(strings.Fields(text), " ")
-	for _, want := range []string{
+	flat := expectOutput(t, text,
 		"| HTTP GET | stopgate, embedded store, budget 1M effects | 4 |",
 		"| HTTPS GET (MITM) | stopgate, Redis everysec, budget 1M effects | 4 |",
 		"| HTTP GET, a run per connection | stopgate, Redis everysec, budget 1M effects | 4 |",
 		"### A budget of a million effects, beside the same runs without",
 		"| HTTP GET | 4 | embedded |", "| HTTPS GET (MITM) | 4 | Redis everysec |",
-	} {
-		if !strings.Contains(flat, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(flat, "Redis always, budget") {
 		t.Error("a budget case on Redis always: the budget cases are the embedded store's and everysec's")
 	}
