@@ -354,19 +354,24 @@ func flags(extra ...string) []string {
 	return append(strings.Fields(storeFlags), extra...)
 }
 
+// startOn starts an instance on the store at url, with the suite's flags.
+func startOn(t *testing.T, url string) *evidence.Stopgate {
+	return evidence.Start(t, binary, evidence.Config{Store: url, Flags: flags()})
+}
+
 // startInstances starts k instances sharing the store at url.
 func startInstances(t *testing.T, url string, k int) []*evidence.Stopgate {
 	sgs := make([]*evidence.Stopgate, k)
 	for i := range sgs {
-		sgs[i] = evidence.Start(t, binary, evidence.Config{Store: url, Flags: flags()})
+		sgs[i] = startOn(t, url)
 	}
 	return sgs
 }
 
 func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, false)
-	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
-	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	a := startOn(t, redis.URL())
+	b := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	for i := range n {
 		var r evidence.Round
@@ -413,8 +418,8 @@ func caseKillMidPost(t *testing.T, n int, out *[]evidence.Round) {
 
 func caseRedisKilledAfterCancel(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, true)
-	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
-	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	a := startOn(t, redis.URL())
+	b := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	for i := range n {
 		var r evidence.Round
@@ -454,7 +459,7 @@ func caseRedisKilledAfterCancel(t *testing.T, n int, out *[]evidence.Round) {
 
 func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, false)
-	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	a := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	for i := range n {
 		var r evidence.Round
@@ -525,7 +530,7 @@ func caseRedisPaused(t *testing.T, n int, out *[]evidence.Round) {
 func caseLostReplies(t *testing.T, n int, out *[]evidence.Round) {
 	redis := startRedis(t, false)
 	relay := startRelay(t, redis.Addr())
-	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags()})
+	a := startOn(t, "redis://"+relay.Addr()+"/0")
 	up := evidence.StartUpstream(t)
 	ctx := tctx(t)
 	// Warm up: the store's programs are loaded (a function library, or
@@ -588,7 +593,7 @@ func casePubSubSilent(t *testing.T, n int, out *[]evidence.Round) {
 		t.Fatal(err)
 	}
 	a := evidence.Start(t, binary, evidence.Config{Store: "redis://" + relay.Addr() + "/0", Flags: flags("--config", policy)})
-	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	b := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	for i := range n {
 		var r evidence.Round
@@ -905,7 +910,7 @@ func caseBrowserActionInFlight(t *testing.T, n int, out *[]evidence.Round) {
 	// The browser of a run that is over stops 1s later, so that rounds do
 	// not keep browsers running on a shared machine.
 	a := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags("--chromium", chromium, "--browser-linger", "1s")})
-	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	b := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	// The CDP error of an action the guard refused: the method, the
 	// refusal, the run's state and what was recorded.

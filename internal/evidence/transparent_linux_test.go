@@ -99,7 +99,7 @@ func transparentRounds(t *testing.T, n int, out *[]evidence.Round) {
 		t.Fatal(err)
 	}
 	redis := startRedis(t, false)
-	b := evidence.Start(t, binary, evidence.Config{Store: redis.URL(), Flags: flags()})
+	b := startOn(t, redis.URL())
 	up := evidence.StartUpstream(t)
 	tlsUp := evidence.StartUpstreamTLS(t, cert)
 	_, tlsPort, _ := net.SplitHostPort(tlsUp.Addr())
