@@ -208,33 +208,35 @@ func artifactsDir(t *testing.T) string {
 	return dir
 }
 
+// seeded ends the test when a step of its seeding failed.
+func seeded(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // seedConsoleRuns writes the runs an operator finds on a busy morning, the
 // way the edges write them: admitted, effects guarded and reported, one
 // finished, one stopped long ago, one UNKNOWN after its carrier died.
 func seedConsoleRuns(t *testing.T, store state.Store) {
 	t.Helper()
 	ctx := context.Background()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	admitAs := func(id, actor string) {
 		_, err := store.Admit(ctx, state.AdmitRequest{RunID: id, Actor: actor})
-		must(err)
+		seeded(t, err)
 	}
 	effect := func(id, key, method, target, carrier string, b state.Boundary) {
 		g, err := store.Guard(ctx, state.GuardRequest{RunID: id, Key: key, ExplicitKey: true, Boundary: b, Method: method, Target: target,
 			LeaseOwner: carrier, LeaseTTL: 10 * time.Minute, Actor: carrier})
-		must(err)
+		seeded(t, err)
 		if !g.Admitted {
 			t.Fatalf("guard %s: %+v", key, g)
 		}
 	}
 	answered := func(id, key, carrier string, code int) {
 		_, err := store.Finish(ctx, state.FinishRequest{RunID: id, Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: code, Actor: carrier})
-		must(err)
+		seeded(t, err)
 	}
 	const proxy = "stopgate@host/1"
 
@@ -242,10 +244,10 @@ func seedConsoleRuns(t *testing.T, store state.Store) {
 	effect("nightly-sync-01", "GET-api.github.com-repos-1c0d", "GET", "https://api.github.com/repos/acme/shop/pulls", proxy, state.BoundaryHTTP)
 	answered("nightly-sync-01", "GET-api.github.com-repos-1c0d", proxy, 200)
 	_, err := store.Complete(ctx, state.CompleteRequest{RunID: "nightly-sync-01", Version: 1, Actor: "operator (cli:bob)", Reason: "all repositories synced"})
-	must(err)
+	seeded(t, err)
 
 	_, err = store.Cancel(ctx, state.CancelRequest{RunID: "ghost-run", Actor: "operator (cli:bob)", Reason: "never start this one"})
-	must(err)
+	seeded(t, err)
 
 	unknownRun(t, store, "refund-19c2", "POST-pay.example.com-refunds-5b7c")
 
