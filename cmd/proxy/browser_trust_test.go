@@ -692,19 +692,7 @@ func (c *cdpConn) lookAtEveryPage() {
 func (c *cdpConn) pageTargets() []string {
 	c.t.Helper()
 	targets := c.try("", "Target.getTargets", nil)
-	var ts struct {
-		TargetInfos []struct {
-			TargetID string `json:"targetId"`
-			Type     string `json:"type"`
-		} `json:"targetInfos"`
-	}
-	_ = json.Unmarshal(targets.Result, &ts)
-	var ids []string
-	for _, ti := range ts.TargetInfos {
-		if ti.Type == "page" {
-			ids = append(ids, ti.TargetID)
-		}
-	}
+	ids, _ := testkit.PageTargets(targets.Result) // none, when the browser did not answer
 	return ids
 }
 

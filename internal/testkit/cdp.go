@@ -39,3 +39,24 @@ func DebuggerURL(url string) (string, error) {
 	}
 	return v.WS, nil
 }
+
+// PageTargets are the ids of the pages in the result of a
+// Target.getTargets command.
+func PageTargets(result json.RawMessage) ([]string, error) {
+	var ts struct {
+		TargetInfos []struct {
+			TargetID string `json:"targetId"`
+			Type     string `json:"type"`
+		} `json:"targetInfos"`
+	}
+	if err := json.Unmarshal(result, &ts); err != nil {
+		return nil, fmt.Errorf("Target.getTargets result: %w", err)
+	}
+	var ids []string
+	for _, ti := range ts.TargetInfos {
+		if ti.Type == "page" {
+			ids = append(ids, ti.TargetID)
+		}
+	}
+	return ids, nil
+}
