@@ -112,20 +112,15 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 	}
 	// Every measured row (the tables with others' CPU) ends with its error
 	// count, which must be 0.
-	rows := 0
-	for _, line := range strings.Split(text, "\n") {
-		if !strings.Contains(line, " cores |") {
-			continue
-		}
-		rows++
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if got := strings.TrimSpace(cells[len(cells)-1]); got != "0" {
-			t.Errorf("row with %s errors: %s", got, line)
+	rows := mainTableRows(text)
+	for _, cells := range rows {
+		if got := cells[len(cells)-1]; got != "0" {
+			t.Errorf("row with %s errors: %q", got, cells)
 		}
 	}
 	// Six scenarios through five targets, and six stored conditions.
-	if want := 6*5 + 6; rows != want {
-		t.Errorf("%d measured rows, want %d:\n%s", rows, want, text)
+	if want := 6*5 + 6; len(rows) != want {
+		t.Errorf("%d measured rows, want %d:\n%s", len(rows), want, text)
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s\nlog:\n%s", text, log)
@@ -161,36 +156,28 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 	// The main table's measured rows: traffic, case, conns, req/s,
 	// × plain goproxy, × smokescreen, … errors.
 	peerRows := map[string]int{}
-	rows := 0
-	for _, line := range strings.Split(text, "\n") {
-		if !strings.Contains(line, " cores |") {
-			continue
-		}
-		rows++
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		for i := range cells {
-			cells[i] = strings.TrimSpace(cells[i])
-		}
+	rows := mainTableRows(text)
+	for _, cells := range rows {
 		traffic, label, smokescreenRatio := cells[0], cells[1], cells[5]
 		if got := cells[len(cells)-1]; got != "0" {
-			t.Errorf("row with %s errors: %s", got, line)
+			t.Errorf("row with %s errors: %q", got, cells)
 		}
 		for _, peer := range []string{"smokescreen v", "Squid "} {
 			if strings.HasPrefix(label, peer) {
 				peerRows[peer]++
 				if strings.HasPrefix(traffic, "HTTPS") {
-					t.Errorf("a peer in an HTTPS row: %s", line)
+					t.Errorf("a peer in an HTTPS row: %q", cells)
 				}
 			}
 		}
 		wantRatio := !strings.HasPrefix(traffic, "HTTPS") && !strings.HasPrefix(label, "smokescreen")
 		if hasRatio := smokescreenRatio != "—"; hasRatio != wantRatio {
-			t.Errorf("× smokescreen %q in: %s", smokescreenRatio, line)
+			t.Errorf("× smokescreen %q in: %q", smokescreenRatio, cells)
 		}
 	}
 	// Three plain-HTTP scenarios through seven targets, two HTTPS through five.
-	if want := 3*7 + 2*5; rows != want {
-		t.Errorf("%d measured rows, want %d", rows, want)
+	if want := 3*7 + 2*5; len(rows) != want {
+		t.Errorf("%d measured rows, want %d", len(rows), want)
 	}
 	for _, peer := range []string{"smokescreen v", "Squid "} {
 		if peerRows[peer] != 3 {
