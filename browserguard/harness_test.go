@@ -262,14 +262,7 @@ func (r *rawCDP) call(session, method string, params any) answer {
 	r.t.Helper()
 	r.next++
 	id := r.next
-	msg := map[string]any{"id": id, "method": method}
-	if params != nil {
-		msg["params"] = params
-	}
-	if session != "" {
-		msg["sessionId"] = session
-	}
-	b, _ := json.Marshal(msg)
+	b := testkit.CDPCommand(id, session, method, params)
 	r.send(websocket.MessageText, b)
 	for {
 		a := r.answer()
@@ -282,29 +275,20 @@ func (r *rawCDP) call(session, method string, params any) answer {
 // attachPage attaches to the browser's first page and returns the session.
 func (r *rawCDP) attachPage() string {
 	r.t.Helper()
-	a := r.call("", "Target.getTargets", nil)
-	var targets struct {
-		TargetInfos []struct {
-			TargetID string `json:"targetId"`
-			Type     string `json:"type"`
-		} `json:"targetInfos"`
+	targets := r.call("", "Target.getTargets", nil)
+	pages, err := testkit.PageTargets(targets.Result)
+	if targets.Error != nil || err != nil {
+		r.t.Fatalf("Target.getTargets: %+v %s", targets.Error, targets.Result)
 	}
-	if a.Error != nil || json.Unmarshal(a.Result, &targets) != nil {
-		r.t.Fatalf("Target.getTargets: %+v %s", a.Error, a.Result)
+	if len(pages) == 0 {
+		r.t.Fatalf("the browser has no page: %s", targets.Result)
 	}
-	for _, ti := range targets.TargetInfos {
-		if ti.Type != "page" {
-			continue
-		}
-		a := r.call("", "Target.attachToTarget", map[string]any{"targetId": ti.TargetID, "flatten": true})
-		var res struct {
-			SessionID string `json:"sessionId"`
-		}
-		if a.Error != nil || json.Unmarshal(a.Result, &res) != nil || res.SessionID == "" {
-			r.t.Fatalf("Target.attachToTarget: %+v %s", a.Error, a.Result)
-		}
-		return res.SessionID
+	a := r.call("", "Target.attachToTarget", map[string]any{"targetId": pages[0], "flatten": true})
+	var res struct {
+		SessionID string `json:"sessionId"`
 	}
-	r.t.Fatalf("the browser has no page: %s", a.Result)
-	return ""
+	if a.Error != nil || json.Unmarshal(a.Result, &res) != nil || res.SessionID == "" {
+		r.t.Fatalf("Target.attachToTarget: %+v %s", a.Error, a.Result)
+	}
+	return res.SessionID
 }

@@ -74,17 +74,8 @@ func TestRunTokensInTheURL(t *testing.T) {
 	}
 
 	// With the token: what the guard hands out keeps it.
-	resp, err := http.Get("http://" + e.guardHost + "/run/tok/" + cred + "/json/version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		WS string `json:"webSocketDebuggerUrl"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if err != nil || v.WS != ws {
-		t.Fatalf("/json/version with the token: %q %v, want %s", v.WS, err, ws)
+	if got, err := testkit.DebuggerURL("http://" + e.guardHost + "/run/tok/" + cred + "/json/version"); err != nil || got != ws {
+		t.Fatalf("/json/version with the token: %q %v, want %s", got, err, ws)
 	}
 	c := dialCDP(t, ws)
 	if a := c.call("", "Target.createTarget", map[string]any{"url": up.URL + "/"}); a.Error != nil {

@@ -84,13 +84,10 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // test gives them.
 func cleanEnv() []string {
 	var env []string
-	for _, kv := range os.Environ() {
+	for _, kv := range testkit.CleanEnv() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch strings.ToUpper(k) {
 		case "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS":
-			continue
-		}
-		if strings.HasPrefix(k, "STOPGATE_") {
 			continue
 		}
 		env = append(env, kv)

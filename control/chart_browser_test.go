@@ -55,14 +55,7 @@ func TestConsoleDrawsARunInChromium(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1320, 900), chromedp.UserDataDir(t.TempDir()))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
+	browser := headless(t, ctx, chromium, 1320, 900)
 	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		step, cancelStep := context.WithTimeout(browser, 15*time.Second)
@@ -208,27 +201,21 @@ func atof(t *testing.T, s string) float64 {
 func seedTimeline(t *testing.T, store state.Store, clock *steppedClock, start time.Time) {
 	t.Helper()
 	ctx := context.Background()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	const run, proxy = "agent-run-42", "stopgate@host/1"
 	at := func(ms int) { clock.at(time.Duration(ms)*time.Millisecond, start) }
 	guard := func(key, method, target string) state.GuardResult {
 		g, err := store.Guard(ctx, state.GuardRequest{RunID: run, Key: key, ExplicitKey: true, Boundary: state.BoundaryHTTP,
 			Method: method, Target: target, LeaseOwner: proxy, LeaseTTL: time.Hour, Actor: proxy})
-		must(err)
+		seeded(t, err)
 		return g
 	}
 	finish := func(key string, outcome state.IntentState, code int, reason, source string) {
 		_, err := store.Finish(ctx, state.FinishRequest{RunID: run, Key: key, Attempt: 1, Outcome: outcome, StatusCode: code, Reason: reason, Source: source, Actor: proxy})
-		must(err)
+		seeded(t, err)
 	}
 	at(0)
 	_, err := store.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "operator (cli:alice)"})
-	must(err)
+	seeded(t, err)
 	at(300)
 	guard("plan", "POST", "https://api.openai.com/v1/responses")
 	at(600)
@@ -251,10 +238,10 @@ func seedTimeline(t *testing.T, store state.Store, clock *steppedClock, start ti
 	guard("email", "POST", "https://api.mailgun.net/v3/messages")
 	at(3000)
 	_, err = store.Cancel(ctx, state.CancelRequest{RunID: run, Actor: "operator (console:alice)", Reason: "runaway spend", DrainTimeout: 4 * time.Second})
-	must(err)
+	seeded(t, err)
 	at(3020)
 	finish("stream", state.IntentNotApplied, 0, "run_cancelled: destination without effects", state.SourcePolicy)
-	must(store.Note(ctx, state.NoteRequest{RunID: run, Key: "events", Kind: state.EventIntentCut, Reason: "run_cancelled: safe request", Actor: proxy}))
+	seeded(t, store.Note(ctx, state.NoteRequest{RunID: run, Key: "events", Kind: state.EventIntentCut, Reason: "run_cancelled: safe request", Actor: proxy}))
 	at(3400)
 	if g := guard("notify", "POST", "https://hooks.slack.com/services/T0/B0"); g.Admitted {
 		t.Fatal("admitted after the cancel")
@@ -269,9 +256,9 @@ func seedTimeline(t *testing.T, store state.Store, clock *steppedClock, start ti
 	}
 	at(8000)
 	_, err = store.Admit(ctx, state.AdmitRequest{RunID: "billing-sync", Actor: "operator (cli:alice)"})
-	must(err)
+	seeded(t, err)
 	clock.at(time.Since(start)-5*time.Second, start)
 	_, err = store.Admit(ctx, state.AdmitRequest{RunID: "agent-run-43", Actor: "operator (cli:alice)"})
-	must(err)
+	seeded(t, err)
 	clock.at(time.Since(start), start)
 }

@@ -39,15 +39,7 @@ func TestConsoleInChromium(t *testing.T) {
 	shots := artifactsDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 860), chromedp.UserDataDir(t.TempDir()))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	// Start the browser on this context, so that it outlives each step's.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
+	browser := headless(t, ctx, chromium, 1280, 860)
 	// shot saves a screenshot. A page that reloads itself (a draining run)
 	// may be caught between two loads, so it tries again, for at most 20s.
 	shot := func(name string) {
@@ -177,6 +169,21 @@ func TestConsoleInChromium(t *testing.T) {
 	t.Logf("screenshots in %s", shots)
 }
 
+// headless starts chromium at the given window size and is a chromedp
+// context on its first tab. The browser is started on this context, so
+// that it outlives each step's; it ends with the test.
+func headless(t *testing.T, ctx context.Context, chromium string, width, height int) context.Context {
+	t.Helper()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(width, height), chromedp.UserDataDir(t.TempDir()))...)
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return browser
+}
+
 func currentURL(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	u, err := chromedp.Run(ctx, chromedp.Location())
@@ -201,33 +208,35 @@ func artifactsDir(t *testing.T) string {
 	return dir
 }
 
+// seeded ends the test when a step of its seeding failed.
+func seeded(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // seedConsoleRuns writes the runs an operator finds on a busy morning, the
 // way the edges write them: admitted, effects guarded and reported, one
 // finished, one stopped long ago, one UNKNOWN after its carrier died.
 func seedConsoleRuns(t *testing.T, store state.Store) {
 	t.Helper()
 	ctx := context.Background()
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	admitAs := func(id, actor string) {
 		_, err := store.Admit(ctx, state.AdmitRequest{RunID: id, Actor: actor})
-		must(err)
+		seeded(t, err)
 	}
 	effect := func(id, key, method, target, carrier string, b state.Boundary) {
 		g, err := store.Guard(ctx, state.GuardRequest{RunID: id, Key: key, ExplicitKey: true, Boundary: b, Method: method, Target: target,
 			LeaseOwner: carrier, LeaseTTL: 10 * time.Minute, Actor: carrier})
-		must(err)
+		seeded(t, err)
 		if !g.Admitted {
 			t.Fatalf("guard %s: %+v", key, g)
 		}
 	}
 	answered := func(id, key, carrier string, code int) {
 		_, err := store.Finish(ctx, state.FinishRequest{RunID: id, Key: key, Attempt: 1, Outcome: state.IntentResponded, StatusCode: code, Actor: carrier})
-		must(err)
+		seeded(t, err)
 	}
 	const proxy = "stopgate@host/1"
 
@@ -235,10 +244,10 @@ func seedConsoleRuns(t *testing.T, store state.Store) {
 	effect("nightly-sync-01", "GET-api.github.com-repos-1c0d", "GET", "https://api.github.com/repos/acme/shop/pulls", proxy, state.BoundaryHTTP)
 	answered("nightly-sync-01", "GET-api.github.com-repos-1c0d", proxy, 200)
 	_, err := store.Complete(ctx, state.CompleteRequest{RunID: "nightly-sync-01", Version: 1, Actor: "operator (cli:bob)", Reason: "all repositories synced"})
-	must(err)
+	seeded(t, err)
 
 	_, err = store.Cancel(ctx, state.CancelRequest{RunID: "ghost-run", Actor: "operator (cli:bob)", Reason: "never start this one"})
-	must(err)
+	seeded(t, err)
 
 	unknownRun(t, store, "refund-19c2", "POST-pay.example.com-refunds-5b7c")
 
@@ -306,11 +315,7 @@ func TestConsoleDrawsARunsBudgetInChromium(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(t.TempDir()))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
+	browser := headless(t, ctx, chromium, 1280, 900)
 	step, cancelStep := context.WithTimeout(browser, time.Minute)
 	defer cancelStep()
 	if err := chromedp.Do(step, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("token")),

@@ -56,13 +56,7 @@ func TestMain(m *testing.M) {
 // developer's own settings cannot change what the test sees.
 func startServe(t *testing.T, args ...string) *testkit.Process {
 	t.Helper()
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STOPGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return testkit.StartServe(t, binary, args, env, "")
+	return testkit.StartServe(t, binary, args, testkit.CleanEnv(), "")
 }
 
 // TestShippedExamplePolicyStartsAsIs: deploy/stopgate.yaml loads with the
@@ -812,13 +806,8 @@ func TestDeployNetworkPolicies(t *testing.T) {
 
 // podMonitor is monitoring/podmonitor.yaml, decoded strictly.
 type podMonitor struct {
-	APIVersion string `yaml:"apiVersion"`
-	Kind       string `yaml:"kind"`
-	Metadata   struct {
-		Name      string            `yaml:"name"`
-		Namespace string            `yaml:"namespace"`
-		Labels    map[string]string `yaml:"labels"`
-	} `yaml:"metadata"`
+	testkit.ObjectHead `yaml:",inline"`
+
 	Spec struct {
 		Selector struct {
 			MatchExpressions []struct {
@@ -844,16 +833,8 @@ type podMonitor struct {
 // every shipped expression names what serve's /metrics serves is
 // cmd/proxy's TestMonitoringNamesWhatMetricsServes.)
 func TestDeployPodMonitor(t *testing.T) {
-	b, err := os.ReadFile("monitoring/podmonitor.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pm podMonitor
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&pm); err != nil {
-		t.Fatalf("podmonitor.yaml: %v", err)
-	}
+	testkit.DecodeStrict(t, "monitoring/podmonitor.yaml", &pm)
 	if pm.Kind != "PodMonitor" || pm.Metadata.Namespace != "stopgate" || len(pm.Spec.PodMetricsEndpoints) != 1 {
 		t.Fatalf("podmonitor.yaml: %+v", pm)
 	}

@@ -26,23 +26,7 @@ import (
 )
 
 // sse is an upstream that streams an event every 50ms until the client goes.
-func sse(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	rc := http.NewResponseController(w)
-	for i := 0; ; i++ {
-		if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
-			return
-		}
-		if rc.Flush() != nil {
-			return
-		}
-		select {
-		case <-r.Context().Done():
-			return
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
+var sse = testkit.Stream("text/event-stream", "data: %d\n\n", 50*time.Millisecond)
 
 func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 	for _, tlsOn := range []bool{false, true} {
@@ -53,17 +37,7 @@ func TestSSEStreamIsCutWithinOneSecondOfCancel(t *testing.T) {
 			e.admit("s1")
 			c := e.client("s1", 1)
 			c.Timeout = 0
-			resp, err := c.Get(up.URL + "/events")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			lines := bufio.NewReader(resp.Body)
-			for range 3 {
-				if _, err := lines.ReadString('\n'); err != nil {
-					t.Fatalf("stream before cancel: %v", err)
-				}
-			}
+			resp, lines := streamed(t, 3)(c.Get(up.URL + "/events"))
 			d := endsWithin(t, lines, time.Second, func() { e.cancel("s1", time.Minute) })
 			t.Logf("stream ended %v after the cancel", d)
 			in := e.intent("s1", resp.Header.Get(refusal.IntentHeader))
@@ -131,15 +105,7 @@ func TestPassThroughTunnelIsGuardedAtConnectAndCutOnCancel(t *testing.T) {
 		t.Fatalf("through the tunnel: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
 	// A second client: a second tunnel.
-	stream, err := newClient().Get("https://" + addr + "/stream")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Body.Close()
-	lines := bufio.NewReader(stream.Body)
-	if _, err := lines.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	_, lines := streamed(t, 1)(newClient().Get("https://" + addr + "/stream"))
 	var tunnels []state.Intent
 	for _, in := range e.intents("p1") {
 		if in.Boundary == state.BoundaryTunnel {
@@ -516,50 +482,18 @@ func TestCutRecordsWhatTheRequestCouldHaveDone(t *testing.T) {
 func TestStreamToDestinationWithoutEffectsIsCutAtTheCancel(t *testing.T) {
 	// NDJSON, not SSE: an answer stream of an unsafe request that only the
 	// destination's policy cuts at once (an SSE stream is cut anyway).
-	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-		rc := http.NewResponseController(w)
-		for i := 0; ; i++ {
-			if _, err := fmt.Fprintf(w, "{\"token\":%d}\n", i); err != nil || rc.Flush() != nil {
-				return
-			}
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	})
+	up := newUpstream(t, false, testkit.Stream("application/x-ndjson", "{\"token\":%d}\n", 20*time.Millisecond))
 	e := newEnv(t, envOptions{noEffects: []string{up.Listener.Addr().String()}})
 	e.admit("llm")
 	c := e.client("llm", 1)
 	c.Timeout = 0
-	resp, err := c.Post(up.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	lines := bufio.NewReader(resp.Body)
-	for range 2 {
-		if _, err := lines.ReadString('\n'); err != nil {
-			t.Fatalf("stream before the cancel: %v", err)
-		}
-	}
+	resp, lines := streamed(t, 2)(c.Post(up.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`)))
 	// A long drain: only the destination's policy cuts the stream now.
 	d := endsWithin(t, lines, 5*time.Second, func() { e.cancel("llm", time.Hour) })
 	t.Logf("stream to a destination without effects cut %v after the cancel", d)
 	key := resp.Header.Get(refusal.IntentHeader)
-	testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
-		evs, err := e.store.Events(context.Background(), "llm")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, ev := range evs {
-			if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.Contains(ev.Reason, state.ReasonRunCancelled) {
-				return true
-			}
-		}
-		return false
+	e.awaitCut("llm", func(ev state.Event) bool {
+		return ev.Intent == key && strings.Contains(ev.Reason, state.ReasonRunCancelled)
 	})
 }
 
@@ -599,15 +533,7 @@ func TestCurlSeesThePlainHTTPStreamCut(t *testing.T) {
 		t.Fatalf("curl exited %v after the cut, want a non-zero exit; stderr: %s", err, stderr.String())
 	}
 	t.Logf("curl exit %d: %s", exit.ExitCode(), strings.TrimSpace(stderr.String()))
-	testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
-		evs, _ := e.store.Events(context.Background(), "curl-sse")
-		for _, ev := range evs {
-			if ev.Kind == state.EventIntentCut {
-				return true
-			}
-		}
-		return false
-	})
+	e.awaitCut("curl-sse", func(state.Event) bool { return true })
 }
 
 // TestStreamedAnswerOfAnEffectDrains: a POST whose answer streams (SSE or
@@ -618,33 +544,12 @@ func TestCurlSeesThePlainHTTPStreamCut(t *testing.T) {
 func TestStreamedAnswerOfAnEffectDrains(t *testing.T) {
 	for _, contentType := range []string{"text/event-stream", "application/x-ndjson"} {
 		t.Run(contentType, func(t *testing.T) {
-			up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", contentType)
-				rc := http.NewResponseController(w)
-				for i := 0; ; i++ {
-					if _, err := fmt.Fprintf(w, "{\"progress\":%d}\n\n", i); err != nil || rc.Flush() != nil {
-						return
-					}
-					select {
-					case <-r.Context().Done():
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-				}
-			})
+			up := newUpstream(t, false, testkit.Stream(contentType, "{\"progress\":%d}\n\n", 20*time.Millisecond))
 			e := newEnv(t, envOptions{})
 			e.admit("job")
 			c := e.client("job", 1)
 			c.Timeout = 0
-			resp, err := c.Post(up.URL+"/deploy", "application/json", strings.NewReader(`{"stream":true}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			lines := bufio.NewReader(resp.Body)
-			if _, err := lines.ReadString('\n'); err != nil {
-				t.Fatal(err)
-			}
+			resp, lines := streamed(t, 1)(c.Post(up.URL+"/deploy", "application/json", strings.NewReader(`{"stream":true}`)))
 			const drain = 1500 * time.Millisecond
 			e.cancel("job", drain)
 			// Well inside the drain, the answer still comes.
@@ -659,17 +564,8 @@ func TestStreamedAnswerOfAnEffectDrains(t *testing.T) {
 			if in := e.intent("job", key); in.State != state.IntentResponded {
 				t.Fatalf("the provider answered: want RESPONDED, got %s", in.State)
 			}
-			testkit.Eventually(t, 2*time.Second, "the cut in the audit log", func() bool {
-				evs, err := e.store.Events(context.Background(), "job")
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, ev := range evs {
-					if ev.Kind == state.EventIntentCut && ev.Intent == key && strings.HasPrefix(ev.Reason, state.ReasonDrainTimeout) {
-						return true
-					}
-				}
-				return false
+			e.awaitCut("job", func(ev state.Event) bool {
+				return ev.Intent == key && strings.HasPrefix(ev.Reason, state.ReasonDrainTimeout)
 			})
 		})
 	}

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -234,6 +236,19 @@ func (e *env) intents(run string) []state.Intent {
 	return ins
 }
 
+// awaitCut waits (2s at most) until the audit log of run has a cut
+// that match accepts.
+func (e *env) awaitCut(run string, match func(state.Event) bool) {
+	e.t.Helper()
+	testkit.Eventually(e.t, 2*time.Second, "the cut in the audit log", func() bool {
+		evs, err := e.store.Events(context.Background(), run)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return slices.ContainsFunc(evs, func(ev state.Event) bool { return ev.Kind == state.EventIntentCut && match(ev) })
+	})
+}
+
 func (e *env) intent(run, key string) state.Intent {
 	e.t.Helper()
 	in, err := e.store.Intent(context.Background(), run, key)
@@ -241,6 +256,25 @@ func (e *env) intent(run, key string) state.Intent {
 		e.t.Fatal(err)
 	}
 	return in
+}
+
+// streamed(t, n)(c.Get(…)) is a streamed answer and its reader, once its
+// first n lines came; the answer is closed when the test ends.
+func streamed(t testing.TB, n int) func(*http.Response, error) (*http.Response, *bufio.Reader) {
+	return func(resp *http.Response, err error) (*http.Response, *bufio.Reader) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		lines := bufio.NewReader(resp.Body)
+		for range n {
+			if _, err := lines.ReadString('\n'); err != nil {
+				t.Fatalf("stream before the cancel: %v", err)
+			}
+		}
+		return resp, lines
+	}
 }
 
 // do sends a request and reads the whole answer.

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"strings"
@@ -66,15 +65,7 @@ func TestCancelThroughOneInstanceReachesAnother(t *testing.T) {
 	b := newEnv(t, envOptions{store: newRedisStore(t, srv, 2*time.Second)})
 	up := newUpstream(t, false, sse)
 	a.admit("m1")
-	stream, err := b.client("m1", 1).Get(up.URL + "/events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Body.Close()
-	lines := bufio.NewReader(stream.Body)
-	if _, err := lines.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	_, lines := streamed(t, 1)(b.client("m1", 1).Get(up.URL + "/events"))
 	d := endsWithin(t, lines, time.Second, func() { a.cancel("m1", time.Minute) })
 	t.Logf("stream on the other instance cut %v after the cancel", d)
 	before := up.Hits.Load()

@@ -90,7 +90,7 @@ func startAgent(t *testing.T, node, script, ws, site string) *agent {
 	t.Helper()
 	cmd := exec.Command(node, script, ws, site)
 	cmd.Dir = clientsDir
-	cmd.Env = append(cleanEnv(), "NO_PROXY=*")
+	cmd.Env = append(testkit.CleanEnv(), "NO_PROXY=*")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -246,20 +246,8 @@ func testAgent(t *testing.T, script string, reads []string) {
 // finishIntent records an in-flight intent NOT_SENT, as its worker would.
 func finishIntent(t *testing.T, s *server, run, key string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPatch, s.control+"/v1/runs/"+run+"/intents/"+key, strings.NewReader(`{"outcome":"not_sent"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+s.operatorToken(t))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("PATCH intent %s: %s %s", key, resp.Status, body)
+	if code, body := s.asOperator(t, http.MethodPatch, "/v1/runs/"+run+"/intents/"+key, `{"outcome":"not_sent"}`); code != http.StatusOK {
+		t.Fatalf("PATCH intent %s: %d %s", key, code, body)
 	}
 }
 

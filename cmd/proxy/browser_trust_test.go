@@ -130,14 +130,7 @@ func (c *cdpConn) callWithin(d time.Duration, session, method string, params any
 	c.t.Helper()
 	c.next++
 	id := c.next
-	msg := map[string]any{"id": id, "method": method}
-	if params != nil {
-		msg["params"] = params
-	}
-	if session != "" {
-		msg["sessionId"] = session
-	}
-	b, _ := json.Marshal(msg)
+	b := testkit.CDPCommand(id, session, method, params)
 	if err := c.conn.Write(c.ctx, websocket.MessageText, b); err != nil {
 		c.t.Fatalf("write %s: %v", method, err)
 	}
@@ -699,19 +692,7 @@ func (c *cdpConn) lookAtEveryPage() {
 func (c *cdpConn) pageTargets() []string {
 	c.t.Helper()
 	targets := c.try("", "Target.getTargets", nil)
-	var ts struct {
-		TargetInfos []struct {
-			TargetID string `json:"targetId"`
-			Type     string `json:"type"`
-		} `json:"targetInfos"`
-	}
-	_ = json.Unmarshal(targets.Result, &ts)
-	var ids []string
-	for _, ti := range ts.TargetInfos {
-		if ti.Type == "page" {
-			ids = append(ids, ti.TargetID)
-		}
-	}
+	ids, _ := testkit.PageTargets(targets.Result) // none, when the browser did not answer
 	return ids
 }
 
@@ -861,17 +842,8 @@ func TestBrowserNeedsTheRunToken(t *testing.T) {
 	if a := c.call(page, "Page.navigate", map[string]any{"url": site.URL + "/"}); a.Error != nil {
 		t.Fatalf("navigate with the printed URL: %+v", a.Error)
 	}
-	resp, err := http.Get("http://" + guard + "/run/victim/" + parts[2] + "/json/version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		WS string `json:"webSocketDebuggerUrl"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if err != nil || v.WS != ws {
-		t.Errorf("/json/version with the token: %v %q, want %q", err, v.WS, ws)
+	if got, err := testkit.DebuggerURL("http://" + guard + "/run/victim/" + parts[2] + "/json/version"); err != nil || got != ws {
+		t.Errorf("/json/version with the token: %v %q, want %q", err, got, ws)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/control"
+	"github.com/stopgate/stopgate/internal/testkit"
 )
 
 // The control plane is closed by default, and yet usable: these run the
@@ -26,7 +27,7 @@ func cliIn(t *testing.T, dir string, env []string, args ...string) (int, string,
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env, cmd.Dir = append(cleanEnv(), env...), dir
+	cmd.Env, cmd.Dir = append(testkit.CleanEnv(), env...), dir
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -81,21 +82,9 @@ func startServeWith(t *testing.T, dir string, env []string, args ...string) *ser
 			s.dataDir = args[i+1]
 		}
 	}
-	s.Process = testkit.StartServe(t, binary, args, append(cleanEnv(), env...), dir)
+	s.Process = testkit.StartServe(t, binary, args, append(testkit.CleanEnv(), env...), dir)
 	s.control = "http://" + s.Bound.Control
 	return s
-}
-
-// cleanEnv is the test's environment without STOPGATE_* variables, so a
-// developer's own settings cannot change what the tests see.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STOPGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 // stopgate runs one CLI command line against s and returns its exit code
@@ -114,7 +103,7 @@ func runBinary(t *testing.T, env []string, args ...string) (int, string, string)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = append(cleanEnv(), env...)
+	cmd.Env = append(testkit.CleanEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -138,6 +127,32 @@ func (s *server) operatorToken(t *testing.T) string {
 		t.Fatalf("the operator token of serve (--data-dir %q): %v", s.dataDir, err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// asOperator calls the control API with the operator token: method on
+// path, with body as JSON when there is one. It returns the status and the
+// body of the answer.
+func (s *server) asOperator(t *testing.T, method, path, body string) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.control+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Authorization", "Bearer "+s.operatorToken(t))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
 }
 
 // must runs a command line that must exit with code, and returns stdout

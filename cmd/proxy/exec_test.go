@@ -15,6 +15,7 @@ import (
 
 	"github.com/stopgate/stopgate/control"
 	"github.com/stopgate/stopgate/control/client"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/redirect"
 	"github.com/stopgate/stopgate/refusal"
 	"github.com/stopgate/stopgate/state"
@@ -168,7 +169,7 @@ func TestNoIsolateGitAndProxyAnyauth(t *testing.T) {
 		t.Helper()
 		cmd := exec.Command("git", args...)
 		cmd.Dir = dir
-		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "HOME="+work)
+		cmd.Env = append(testkit.CleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "HOME="+work)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("git %v: %v %s", args, err, out)
 		}

@@ -142,20 +142,7 @@ func TestAllowListRefusesUnlistedAndReportRuleForwardsAndCounts(t *testing.T) {
 }
 
 // sseStream answers an event every 50ms until the client goes.
-func sseStream(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	rc := http.NewResponseController(w)
-	for i := 0; ; i++ {
-		if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil || rc.Flush() != nil {
-			return
-		}
-		select {
-		case <-r.Context().Done():
-			return
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
+var sseStream = testkit.Stream("text/event-stream", "data: %d\n\n", 50*time.Millisecond)
 
 // readEvents reads n SSE data lines from r, failing the test on an error.
 func readEvents(t *testing.T, r *bufio.Reader, n int) []string {
@@ -235,16 +222,9 @@ func TestSIGHUPReloadChangesPassThroughWithoutCuttingAnOpenStream(t *testing.T) 
 	if s.metric(t, `stopgate_policy_reloads_total{result="failed"}`) != 1 || s.metric(t, "stopgate_policy_last_reload_successful") != 0 {
 		t.Errorf("the failed reload is not counted")
 	}
-	req, _ := http.NewRequest(http.MethodPost, s.control+"/v1/policy/reload", nil)
-	req.Header.Set("Authorization", "Bearer "+s.operatorToken(t))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("POST /v1/policy/reload: %d %s", resp.StatusCode, body)
-	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(string(body), `"error":"policy_invalid"`) ||
+	code, body := s.asOperator(t, http.MethodPost, "/v1/policy/reload", "")
+	t.Logf("POST /v1/policy/reload: %d %s", code, body)
+	if code != http.StatusUnprocessableEntity || !strings.Contains(string(body), `"error":"policy_invalid"`) ||
 		!strings.Contains(string(body), "pass_thru") || !strings.Contains(string(body), "stays as it was") {
 		t.Fatalf("the API does not say why the reload failed")
 	}

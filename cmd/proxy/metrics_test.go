@@ -82,17 +82,8 @@ func TestMetricsMoveWithTheirEvents(t *testing.T) {
 	s.must(t, 0, "retry", "m1", "step-2", "1", "--at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
 	api := func(method, path, body string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, s.control+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+s.operatorToken(t))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			t.Fatalf("%s %s: %s %s", method, path, resp.Status, b)
+		if code, b := s.asOperator(t, method, path, body); code/100 != 2 {
+			t.Fatalf("%s %s: %d %s", method, path, code, b)
 		}
 	}
 	api(http.MethodPost, "/v1/runs/m1/intents", `{"key":"mail-1","method":"SMTP"}`)

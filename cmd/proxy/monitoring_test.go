@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/stopgate/stopgate/internal/redisserver"
 	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
@@ -24,13 +21,8 @@ import (
 // prometheusRule is deploy/monitoring/prometheusrule.yaml, the fields the
 // Prometheus Operator reads, decoded strictly.
 type prometheusRule struct {
-	APIVersion string `yaml:"apiVersion"`
-	Kind       string `yaml:"kind"`
-	Metadata   struct {
-		Name      string            `yaml:"name"`
-		Namespace string            `yaml:"namespace"`
-		Labels    map[string]string `yaml:"labels"`
-	} `yaml:"metadata"`
+	testkit.ObjectHead `yaml:",inline"`
+
 	Spec struct {
 		Groups []struct {
 			Name  string `yaml:"name"`
@@ -45,25 +37,12 @@ type prometheusRule struct {
 	} `yaml:"spec"`
 }
 
-func decodeStrict(t *testing.T, path string, into any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(into); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
 // monitoringExprs are every PromQL expression shipped, by where it is.
 func monitoringExprs(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	var rules prometheusRule
-	decodeStrict(t, "../../deploy/monitoring/prometheusrule.yaml", &rules)
+	testkit.DecodeStrict(t, "../../deploy/monitoring/prometheusrule.yaml", &rules)
 	if rules.APIVersion != "monitoring.coreos.com/v1" || rules.Kind != "PrometheusRule" || rules.Metadata.Namespace != "stopgate" {
 		t.Fatalf("prometheusrule.yaml: %s %s in %q", rules.APIVersion, rules.Kind, rules.Metadata.Namespace)
 	}

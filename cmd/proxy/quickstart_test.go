@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stopgate/stopgate/internal/netns"
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 	"github.com/stopgate/stopgate/state/filestore"
 )
@@ -132,7 +133,7 @@ func runQuickstart(t *testing.T, ordinary bool) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], append(argv[1:], script)...)
 	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), "HOME="+dir)
+	cmd.Env = append(testkit.CleanEnv(), "HOME="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second

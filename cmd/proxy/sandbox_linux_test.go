@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
+	"github.com/stopgate/stopgate/internal/testkit"
 	"github.com/stopgate/stopgate/state"
 )
 
@@ -81,7 +82,7 @@ func (k *sandboxKit) exec(s *server, token string, args ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = k.clients
-	cmd.Env = append(cleanEnv(), "STOPGATE_CONTROL="+s.control, "STOPGATE_CONTROL_TOKEN="+token, "STOPGATE_PROXY="+s.proxyAddr(), "HOME="+k.dir)
+	cmd.Env = append(testkit.CleanEnv(), "STOPGATE_CONTROL="+s.control, "STOPGATE_CONTROL_TOKEN="+token, "STOPGATE_PROXY="+s.proxyAddr(), "HOME="+k.dir)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

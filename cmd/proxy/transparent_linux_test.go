@@ -87,7 +87,7 @@ func asUID(t *testing.T, uid uint32, name string, args ...string) (string, int) 
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
-	cmd.Env = cleanEnv()
+	cmd.Env = testkit.CleanEnv()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -120,7 +120,7 @@ type background struct {
 func startExec(t *testing.T, s *server, args ...string) *background {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(cleanEnv(), "STOPGATE_CONTROL="+s.control, "STOPGATE_DATA_DIR="+s.dataDir)
+	cmd.Env = append(testkit.CleanEnv(), "STOPGATE_CONTROL="+s.control, "STOPGATE_DATA_DIR="+s.dataDir)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {

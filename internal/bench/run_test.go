@@ -29,6 +29,42 @@ func buildBinaries(t *testing.T, dir string) {
 	}
 }
 
+// toyRun runs the instrument on cfg at toy sizes (a warm-up of 50ms,
+// windows of 150ms) against the binaries buildBinaries put in dir, working
+// in dir/work, for 3 minutes at most; out and log get what it prints.
+func toyRun(dir string, cfg bench.Config, out, log *bytes.Buffer) error {
+	cfg.Stopgate, cfg.Baseline, cfg.WorkDir = filepath.Join(dir, "stopgate"), filepath.Join(dir, "plain-goproxy"), filepath.Join(dir, "work")
+	cfg.Warmup, cfg.Window = 50*time.Millisecond, 150*time.Millisecond
+	cfg.Commit, cfg.Out, cfg.Log = "test", out, log
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	return bench.Run(ctx, cfg)
+}
+
+// mustToyRun is toyRun's output and log, or the end of the test.
+func mustToyRun(t *testing.T, dir string, cfg bench.Config) (out, log string) {
+	t.Helper()
+	var o, l bytes.Buffer
+	if err := toyRun(dir, cfg, &o, &l); err != nil {
+		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, l.String(), o.String())
+	}
+	return o.String(), l.String()
+}
+
+// expectOutput fails the test for each of wants the output text lacks,
+// and is text with every run of white space one space: cells are padded
+// to their column's width, wants are written with single spaces.
+func expectOutput(t *testing.T, text string, wants ...string) (flat string) {
+	t.Helper()
+	flat = strings.Join(strings.Fields(text), " ")
+	for _, want := range wants {
+		if !strings.Contains(flat, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	return flat
+}
+
 // The whole instrument, at toy sizes, against the real binaries: every
 // phase runs, every row is printed, and no measured request failed or went
 // around the guard.
@@ -41,22 +77,13 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "smokescreen.why"), []byte(offline+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, Post: true, RunPerConn: true,
+		Repeats: 1, Conns: []int{1, 4}, Post: true, RunPerConn: true,
 		Cancels: 3, MemRuns: 20, MemIntents: 20, StoredSmall: 10, StoredLarge: 30, StoredLargeEmbedded: 30, FatIntents: 40,
-		Smokescreen: filepath.Join(dir, "smokescreen"), Commit: "test", Out: &out, Log: &log,
+		Smokescreen: filepath.Join(dir, "smokescreen"),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
-	// Cells are padded to their column's width: compare with single spaces.
-	flat := strings.Join(strings.Fields(text), " ")
-	for _, want := range []string{
+	text, log := mustToyRun(t, dir, cfg)
+	flat := expectOutput(t, text,
 		"| HTTP GET | direct (no proxy) | 1 |",
 		"| HTTPS GET (MITM) | plain goproxy MITM | 4 |",
 		"| HTTP POST 64 B | stopgate, Redis always | 4 |",
@@ -74,14 +101,10 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 		"| HTTP GET, a run per connection | Squid | 4 | not measured | — |",
 		"| 4, a run each | Squid | not measured: no binary given (-squid) |",
 		"### Beside the peers: plain-HTTP GETs",
-		"| 4 | smokescreen | not measured: " + offline + " |",
+		"| 4 | smokescreen | not measured: "+offline+" |",
 		"| 4, a run each | stopgate, Redis everysec |",
-		"- smokescreen not measured: " + offline + ".",
-	} {
-		if !strings.Contains(flat, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+		"- smokescreen not measured: "+offline+".",
+	)
 	for _, notWanted := range []string{"| HTTPS GET (MITM) | smokescreen", "| HTTPS GET (MITM) | Squid"} {
 		if strings.Contains(flat, notWanted) {
 			t.Errorf("output has %q: the peers do not intercept HTTPS", notWanted)
@@ -89,23 +112,18 @@ func TestInstrumentRunsEveryPhaseAgainstTheBinaries(t *testing.T) {
 	}
 	// Every measured row (the tables with others' CPU) ends with its error
 	// count, which must be 0.
-	rows := 0
-	for _, line := range strings.Split(text, "\n") {
-		if !strings.Contains(line, " cores |") {
-			continue
-		}
-		rows++
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if got := strings.TrimSpace(cells[len(cells)-1]); got != "0" {
-			t.Errorf("row with %s errors: %s", got, line)
+	rows := mainTableRows(text)
+	for _, cells := range rows {
+		if got := cells[len(cells)-1]; got != "0" {
+			t.Errorf("row with %s errors: %q", got, cells)
 		}
 	}
 	// Six scenarios through five targets, and six stored conditions.
-	if want := 6*5 + 6; rows != want {
-		t.Errorf("%d measured rows, want %d:\n%s", rows, want, text)
+	if want := 6*5 + 6; len(rows) != want {
+		t.Errorf("%d measured rows, want %d:\n%s", len(rows), want, text)
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -126,55 +144,40 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 	}
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
 		Smokescreen: peers["smokescreen"], Squid: peers["squid"],
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, RunPerConn: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{1, 4}, RunPerConn: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
+	text, log := mustToyRun(t, dir, cfg)
 	if strings.Contains(text, "not measured: ") {
 		t.Errorf("a peer was not measured:\n%s", text)
 	}
 	// The main table's measured rows: traffic, case, conns, req/s,
 	// × plain goproxy, × smokescreen, … errors.
 	peerRows := map[string]int{}
-	rows := 0
-	for _, line := range strings.Split(text, "\n") {
-		if !strings.Contains(line, " cores |") {
-			continue
-		}
-		rows++
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		for i := range cells {
-			cells[i] = strings.TrimSpace(cells[i])
-		}
+	rows := mainTableRows(text)
+	for _, cells := range rows {
 		traffic, label, smokescreenRatio := cells[0], cells[1], cells[5]
 		if got := cells[len(cells)-1]; got != "0" {
-			t.Errorf("row with %s errors: %s", got, line)
+			t.Errorf("row with %s errors: %q", got, cells)
 		}
 		for _, peer := range []string{"smokescreen v", "Squid "} {
 			if strings.HasPrefix(label, peer) {
 				peerRows[peer]++
 				if strings.HasPrefix(traffic, "HTTPS") {
-					t.Errorf("a peer in an HTTPS row: %s", line)
+					t.Errorf("a peer in an HTTPS row: %q", cells)
 				}
 			}
 		}
 		wantRatio := !strings.HasPrefix(traffic, "HTTPS") && !strings.HasPrefix(label, "smokescreen")
 		if hasRatio := smokescreenRatio != "—"; hasRatio != wantRatio {
-			t.Errorf("× smokescreen %q in: %s", smokescreenRatio, line)
+			t.Errorf("× smokescreen %q in: %q", smokescreenRatio, cells)
 		}
 	}
 	// Three plain-HTTP scenarios through seven targets, two HTTPS through five.
-	if want := 3*7 + 2*5; rows != want {
-		t.Errorf("%d measured rows, want %d", rows, want)
+	if want := 3*7 + 2*5; len(rows) != want {
+		t.Errorf("%d measured rows, want %d", len(rows), want)
 	}
 	for _, peer := range []string{"smokescreen v", "Squid "} {
 		if peerRows[peer] != 3 {
@@ -182,7 +185,7 @@ func TestPeersAreMeasuredBesideTheOthersInOneRun(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -235,20 +238,13 @@ func tableRows(text, title string) [][]string {
 func TestBeforeBinaryIsMeasuredBesideTheAfterInOneRun(t *testing.T) {
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	work := filepath.Join(dir, "work")
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: work,
 		Before: filepath.Join(dir, "stopgate"), BeforeLabel: "rev1",
-		Repeats: 2, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1, 4}, RunPerConn: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 2, Conns: []int{1, 4}, RunPerConn: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	text := out.String()
+	text, log := mustToyRun(t, dir, cfg)
 	stores := []string{"embedded store", "Redis everysec", "Redis always"}
 
 	// Five scenarios (GET ×1, ×4, a run per connection ×4, HTTPS ×1, ×4)
@@ -321,7 +317,7 @@ func TestBeforeBinaryIsMeasuredBesideTheAfterInOneRun(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", text, log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }
 
@@ -346,16 +342,13 @@ func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
 	if err := os.WriteFile(older, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
 		Before: older, BeforeLabel: "old1",
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{1},
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{1},
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	err := bench.Run(ctx, cfg)
+	var out, log bytes.Buffer
+	err := toyRun(dir, cfg, &out, &log)
 	if err == nil {
 		t.Fatalf("the run went on with a before binary that refused --allow-dest:\n%s", out.String())
 	}
@@ -375,33 +368,22 @@ func TestBeforeBinaryThatLacksAFlagEndsTheRunWithItsOwnError(t *testing.T) {
 func TestBudgetCasesSitBesideTheSameCasesWithout(t *testing.T) {
 	dir := t.TempDir()
 	buildBinaries(t, dir)
-	var out, log bytes.Buffer
 	cfg := bench.Config{
-		Stopgate: filepath.Join(dir, "stopgate"), Baseline: filepath.Join(dir, "plain-goproxy"), WorkDir: filepath.Join(dir, "work"),
-		Repeats: 1, Warmup: 50 * time.Millisecond, Window: 150 * time.Millisecond, Conns: []int{4}, RunPerConn: true, Budget: true,
-		Skip: []string{"cancel", "memory", "stored"}, Commit: "test", Out: &out, Log: &log,
+		Repeats: 1, Conns: []int{4}, RunPerConn: true, Budget: true,
+		Skip: []string{"cancel", "memory", "stored"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := bench.Run(ctx, cfg); err != nil {
-		t.Fatalf("%v\nlog:\n%s\nout:\n%s", err, log.String(), out.String())
-	}
-	flat := strings.Join(strings.Fields(out.String()), " ")
-	for _, want := range []string{
+	text, log := mustToyRun(t, dir, cfg)
+	flat := expectOutput(t, text,
 		"| HTTP GET | stopgate, embedded store, budget 1M effects | 4 |",
 		"| HTTPS GET (MITM) | stopgate, Redis everysec, budget 1M effects | 4 |",
 		"| HTTP GET, a run per connection | stopgate, Redis everysec, budget 1M effects | 4 |",
 		"### A budget of a million effects, beside the same runs without",
 		"| HTTP GET | 4 | embedded |", "| HTTPS GET (MITM) | 4 | Redis everysec |",
-	} {
-		if !strings.Contains(flat, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(flat, "Redis always, budget") {
 		t.Error("a budget case on Redis always: the budget cases are the embedded store's and everysec's")
 	}
 	if t.Failed() {
-		t.Logf("output:\n%s\nlog:\n%s", out.String(), log.String())
+		t.Logf("output:\n%s\nlog:\n%s", text, log)
 	}
 }

@@ -57,6 +57,29 @@ func (c *conn) cutWithin(d time.Duration) time.Duration {
 	}
 }
 
+// cut is how long a connection of a cancelled run took to be cut after
+// the cancel, as cutWithin measures it (negative: never).
+type cut struct {
+	what  string
+	after time.Duration
+}
+
+// judgeCuts judges the connections a cancel must cut: each is expected
+// cut, one that never was is a leak (of the connections leak names), and
+// the round recovered once the last was cut.
+func judgeCuts(r *evidence.Round, leak string, cuts ...cut) {
+	leaked := false
+	r.Recover = cuts[0].after
+	for _, c := range cuts {
+		expect(r, c.after >= 0, "%s is cut", c.what)
+		leaked = leaked || c.after < 0
+		r.Recover = max(r.Recover, c.after)
+	}
+	if leaked {
+		r.Fail(&r.Leaked, "%s still carried bytes 10s after its cancel", leak)
+	}
+}
+
 // openTunnel opens a CONNECT tunnel through the proxy to dest (a
 // pass-through host) as run, at version 1, and keeps bytes flowing through
 // it until it is cut. An answer other than 200 is an error naming it.
@@ -141,6 +164,18 @@ func openStream(ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstrea
 		s.err.Store(err)
 	}()
 	return s, nil
+}
+
+// mustStream opens run's stream (key RUN-stream) through sg, and logs it
+// as the 200 it answered; a stream that does not open ends the test.
+func mustStream(t *testing.T, ctx context.Context, sg *evidence.Stopgate, up *evidence.Upstream, log *attempts, run string) *conn {
+	t.Helper()
+	s, err := openStream(ctx, sg, up, run, run+"-stream")
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	log.add(evidence.Attempt{Run: run, Key: run + "-stream", Started: time.Now(), Status: 200})
+	return s
 }
 
 // mountTmpfs mounts a tmpfs of the given size for the test (root only);

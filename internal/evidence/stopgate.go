@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -61,7 +60,7 @@ func Start(t testing.TB, bin string, cfg Config) *Stopgate {
 	// The token is given through the environment, where both the current
 	// and the coming serve read it; loopback upstreams are allowed the same
 	// way (STOPGATE_ALLOW_DEST), which a serve without that flag ignores.
-	s.env = append(cleanEnv(), "STOPGATE_CONTROL_TOKEN="+s.token, "STOPGATE_ALLOW_DEST=127.0.0.1")
+	s.env = append(testkit.CleanEnv(), "STOPGATE_CONTROL_TOKEN="+s.token, "STOPGATE_ALLOW_DEST=127.0.0.1")
 	s.Process = testkit.StartServe(t, bin, args, s.env, "")
 	s.Proxy, s.Control, s.Browser = s.Bound.Proxy, s.Bound.Control, s.Bound.Browser
 	return s
@@ -134,18 +133,6 @@ func (s *Stopgate) Post(ctx context.Context, up *Upstream, kind, run, key string
 	a.Ended = time.Now()
 	a.SetAnswer(resp, bytes.TrimSpace(body))
 	return a
-}
-
-// cleanEnv is the environment without STOPGATE_* variables, so a
-// developer's own settings cannot change what the suite sees.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STOPGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func randomHex(n int) string {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -45,6 +46,18 @@ func StartProcess(t testing.TB, bin string, args, env []string, dir, ready strin
 	p.Start()
 	t.Cleanup(p.Kill9)
 	return p
+}
+
+// CleanEnv is the test's environment without STOPGATE_* variables: a
+// developer's own settings cannot change what a test of stopgate sees.
+func CleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STOPGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // StartServe runs `bin serve` with args, every listener not named in

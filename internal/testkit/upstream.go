@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Upstream is a real HTTP(S) server on loopback that counts what reaches
@@ -71,4 +72,23 @@ func (u *Upstream) LastBody() []byte {
 		return nil
 	}
 	return u.bodies[len(u.bodies)-1]
+}
+
+// Stream is a provider that streams an answer of contentType: a line made
+// of format and a counter, flushed, every interval, until the client goes.
+func Stream(contentType, format string, every time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", contentType)
+		rc := http.NewResponseController(w)
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, format, i); err != nil || rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(every):
+			}
+		}
+	}
 }

@@ -28,16 +28,9 @@ func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
 	s := open(t, srv.URL(), redisstore.Options{})
 	admin := raw(t, srv.Addr())
 	ctx := tctx(t)
-	must(s.Admit(ctx, state.AdmitRequest{RunID: "run_7", Actor: "test"}))(t)
-	ledger := intents.NewLedger(s, intents.LedgerOptions{Owner: "proxy:1", StoreTimeout: storeTimeout, Logger: quiet(t)})
+	ledger := warmLedger(t, ctx, s, "run_7", storeTimeout)
 	req := state.GuardRequest{RunID: "run_7", ObservedVersion: 1, Key: "pay-1", ExplicitKey: true, Boundary: state.BoundaryHTTP,
 		Method: "POST", Target: "https://api.example/pay", BodyDigest: "d"}
-
-	// One guard first, so the server knows the guard script: the one
-	// queued behind the pause must run, not fail with NOSCRIPT.
-	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_7", Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
-		t.Fatalf("warm-up guard: %+v %v", res, err)
-	}
 	before := programCalls(t, admin)
 	srv.Pause()
 	_, err := ledger.Begin(ctx, req)
@@ -48,13 +41,7 @@ func TestGuardQueuedBehindPausedRedisNeverTakesEffect(t *testing.T) {
 
 	// The guard's script did reach the server and ran once it resumed:
 	// wait until the server counts it, then look at what it left.
-	deadline := time.Now().Add(5 * time.Second)
-	for programCalls(t, admin) <= before {
-		if time.Now().After(deadline) {
-			t.Fatal("the guard sent during the pause never ran after SIGCONT; the test proves nothing")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitProgramCalls(t, admin, before, "the guard")
 	if in, err := s.Intent(ctx, "run_7", "pay-1"); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("the abandoned guard took effect after the resume: %+v (%v)", in, err)
 	}
@@ -101,6 +88,32 @@ func programCalls(t *testing.T, c *redis.Client) int {
 	return total
 }
 
+// warmLedger admits run and guards its key warm-up through a new ledger
+// with the given store timeout, so that the server knows the guard
+// script: a guard queued behind a pause must run, not fail with NOSCRIPT.
+func warmLedger(t *testing.T, ctx context.Context, s *redisstore.Store, run string, storeTimeout time.Duration) *intents.Ledger {
+	t.Helper()
+	must(s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "test"}))(t)
+	ledger := intents.NewLedger(s, intents.LedgerOptions{Owner: "proxy:1", StoreTimeout: storeTimeout, Logger: quiet(t)})
+	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: run, Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
+		t.Fatalf("warm-up guard: %+v %v", res, err)
+	}
+	return ledger
+}
+
+// awaitProgramCalls waits (5s at most) until the server has run more
+// scripts than before: what was sent during the pause ran after SIGCONT.
+func awaitProgramCalls(t *testing.T, admin *redis.Client, before int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for programCalls(t, admin) <= before {
+		if time.Now().After(deadline) {
+			t.Fatal(what + " sent during the pause never ran after SIGCONT; the test proves nothing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Many guards of one run queued behind a stopped redis-server (one call in
 // flight, the rest waiting for it in the run's batch): every caller hears
 // ErrUnavailable within its store timeout, and none of the guards takes
@@ -111,11 +124,7 @@ func TestGuardsQueuedTogetherBehindPausedRedisNeverTakeEffect(t *testing.T) {
 	s := open(t, srv.URL(), redisstore.Options{})
 	admin := raw(t, srv.Addr())
 	ctx := tctx(t)
-	must(s.Admit(ctx, state.AdmitRequest{RunID: "run_8", Actor: "test"}))(t)
-	ledger := intents.NewLedger(s, intents.LedgerOptions{Owner: "proxy:1", StoreTimeout: storeTimeout, Logger: quiet(t)})
-	if res, err := ledger.Begin(ctx, state.GuardRequest{RunID: "run_8", Key: "warm-up", ExplicitKey: true, Boundary: state.BoundaryHTTP}); err != nil || !res.Admitted {
-		t.Fatalf("warm-up guard: %+v %v", res, err)
-	}
+	ledger := warmLedger(t, ctx, s, "run_8", storeTimeout)
 	before := programCalls(t, admin)
 	srv.Pause()
 	const n = 16
@@ -139,13 +148,7 @@ func TestGuardsQueuedTogetherBehindPausedRedisNeverTakeEffect(t *testing.T) {
 		}
 	}
 	srv.Resume()
-	deadline := time.Now().Add(5 * time.Second)
-	for programCalls(t, admin) <= before {
-		if time.Now().After(deadline) {
-			t.Fatal("the call sent during the pause never ran after SIGCONT; the test proves nothing")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitProgramCalls(t, admin, before, "the call")
 	for _, in := range must(s.Intents(ctx, "run_8"))(t) {
 		if in.Key != "warm-up" {
 			t.Fatalf("an abandoned guard took effect after the resume: %+v", in)

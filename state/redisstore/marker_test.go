@@ -149,22 +149,11 @@ func TestARowGoneIsNotCreatedAgain(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// again is the step of the lost run after the loss.
-		again func(ctx context.Context, s *redisstore.Store, run string) error
+		again runStep
 	}{
-		{"an auto-admitting guard", func(ctx context.Context, s *redisstore.Store, run string) error {
-			r := guardReq(run, "k2")
-			r.AutoAdmit = true
-			_, err := s.Guard(ctx, r)
-			return err
-		}},
-		{"a guard that admits nothing", func(ctx context.Context, s *redisstore.Store, run string) error {
-			_, err := s.Guard(ctx, guardReq(run, "k2"))
-			return err
-		}},
-		{"an admission", func(ctx context.Context, s *redisstore.Store, run string) error {
-			_, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "operator:bob"})
-			return err
-		}},
+		{"an auto-admitting guard", guardStep("k2", true)},
+		{"a guard that admits nothing", guardStep("k2", false)},
+		{"an admission", admitStep},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redisserver.Start(t, redisserver.Options{})
@@ -296,18 +285,10 @@ func TestAMarkerNotStopgatesIsAReset(t *testing.T) {
 func TestNoRowIsCreatedInAStoreEmptiedSinceTheLastCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		create func(ctx context.Context, s *redisstore.Store, run string) error
+		create runStep
 	}{
-		{"an auto-admitting guard", func(ctx context.Context, s *redisstore.Store, run string) error {
-			r := guardReq(run, "k1")
-			r.AutoAdmit = true
-			_, err := s.Guard(ctx, r)
-			return err
-		}},
-		{"an admission", func(ctx context.Context, s *redisstore.Store, run string) error {
-			_, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "operator:bob"})
-			return err
-		}},
+		{"an auto-admitting guard", guardStep("k1", true)},
+		{"an admission", admitStep},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redisserver.Start(t, redisserver.Options{})
@@ -328,4 +309,23 @@ func TestNoRowIsCreatedInAStoreEmptiedSinceTheLastCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runStep is a step of a run that may create the run's row.
+type runStep func(ctx context.Context, s *redisstore.Store, run string) error
+
+// guardStep guards key of the run, admitting the run first when autoAdmit.
+func guardStep(key string, autoAdmit bool) runStep {
+	return func(ctx context.Context, s *redisstore.Store, run string) error {
+		r := guardReq(run, key)
+		r.AutoAdmit = autoAdmit
+		_, err := s.Guard(ctx, r)
+		return err
+	}
+}
+
+// admitStep admits the run as an operator.
+func admitStep(ctx context.Context, s *redisstore.Store, run string) error {
+	_, err := s.Admit(ctx, state.AdmitRequest{RunID: run, Actor: "operator:bob"})
+	return err
 }
