@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -364,8 +365,11 @@ func TestSandboxTellsTheProcessOfTheCancel(t *testing.T) {
 	}
 	trapsOut, traps := startSandboxExec(t, k.exec(s, strings.TrimSpace(s.must(t, 0, "token", "traps")), "--run", "traps", "--",
 		"sh", "-c", `trap 'echo "got TERM"; exit 3' TERM; echo ready; while :; do sleep 0.1; done`))
+	// The child's command line is this test's own: another run of the
+	// suite on this machine runs the same test as the same uid.
+	child := fmt.Sprintf("sleep %d", 300_000+rand.IntN(600_000))
 	ignoresOut, ignores := startSandboxExec(t, k.exec(s, strings.TrimSpace(s.must(t, 0, "token", "ignores")), "--run", "ignores", "--",
-		"sh", "-c", `trap '' TERM; sleep 300 & echo ready; while :; do sleep 0.1; done`))
+		"sh", "-c", `trap '' TERM; `+child+` & echo ready; while :; do sleep 0.1; done`))
 	trapsOut.waitFor(t, "ready", 30*time.Second)
 	ignoresOut.waitFor(t, "ready", 30*time.Second)
 
@@ -385,7 +389,7 @@ func TestSandboxTellsTheProcessOfTheCancel(t *testing.T) {
 	if ir.code != 137 || killAfter < drain-500*time.Millisecond || killAfter > drain+2*time.Second {
 		t.Errorf("the ignoring process: exit %d after %s, want 137 at the drain deadline:\n%s", ir.code, killAfter, ir.out)
 	}
-	if out, _ := exec.Command("pgrep", "-u", sandboxUID, "-f", "sleep 300").Output(); len(bytes.TrimSpace(out)) > 0 && os.Geteuid() == 0 {
+	if out, _ := exec.Command("pgrep", "-u", sandboxUID, "-x", "-f", child).Output(); len(bytes.TrimSpace(out)) > 0 && os.Geteuid() == 0 {
 		t.Errorf("the ignoring process's child outlived its sandbox: pid %s", out)
 	}
 	for run, want := range map[string][]string{"traps": {"exec.signal", "exec.exited"}, "ignores": {"exec.signal", "exec.killed", "exec.exited"}} {
