@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -41,13 +42,16 @@ import (
 // is the one address to allow.
 const upstreamIP = "127.0.0.1"
 
-// Test uids: nothing else on the machine runs as them.
-const (
-	uidExec  = 61020
-	uidExecA = 61022
-	uidExecB = 61023
-	uidHand  = 61030
-)
+// Test uids, drawn for this process, four in a row: nothing else on the
+// machine runs as them, not even another run of this suite beside this one
+// (which a fixed uid would meet: exec --isolate refuses a uid that runs
+// processes, and kills what is left of its own uid when CMD ends).
+var uidExec, uidExecA, uidExecB, uidHand = testUIDs()
+
+func testUIDs() (exec, execA, execB, hand uint32) {
+	base := 100_000 + uint32(mrand.IntN(1_000_000))*4
+	return base, base + 1, base + 2, base + 3
+}
 
 // nodeFetch prints "node STATUS BODY" for the URL in argv[1]: Node's global
 // fetch, which reads no proxy variable.
